@@ -1,0 +1,33 @@
+"""Exact mid-epoch resume for PyTorch Lightning under DDP."""
+
+from lightning_resumable.callback import ResumableDataCallback
+from lightning_resumable.datamodule import ResumableDataModule
+from lightning_resumable.errors import (
+    IncompatibleStateError,
+    MissingCallbackError,
+    MissingStateError,
+    ResumeError,
+    StateFormatError,
+    UnsupportedLoaderError,
+    WorldSizeChangedError,
+)
+from lightning_resumable.order import EpochOrder
+from lightning_resumable.sampler import ResumableSampler
+from lightning_resumable.state import DataState
+
+__all__ = [
+    "DataState",
+    "EpochOrder",
+    "IncompatibleStateError",
+    "MissingCallbackError",
+    "MissingStateError",
+    "ResumableDataCallback",
+    "ResumableDataModule",
+    "ResumableSampler",
+    "ResumeError",
+    "StateFormatError",
+    "UnsupportedLoaderError",
+    "WorldSizeChangedError",
+]
+
+__version__ = "0.1.0"

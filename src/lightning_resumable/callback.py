@@ -1,0 +1,161 @@
+"""The one owner of the train loader's position: persisted in the checkpoint, applied once on restore."""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import replace
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_resumable._lightning import batches_processed
+from lightning_resumable.errors import (
+    IncompatibleStateError,
+    MissingCallbackError,
+    MissingStateError,
+    ResumeError,
+    StateFormatError,
+    WorldSizeChangedError,
+)
+from lightning_resumable.sampler import ResumableSampler
+from lightning_resumable.state import DataState
+
+__all__ = ["ResumableDataCallback"]
+
+
+class ResumableDataCallback(pl.Callback):
+    """Makes a mid-epoch resume feed every rank exactly the batches it would have got uninterrupted.
+
+    On save it records the train loader's global state (seed, epoch, samples consumed by all ranks,
+    and the setup), counting the batches the trainer has really completed rather than what the
+    loader prefetched. On restore it hands that state to the sampler that
+    :class:`~lightning_resumable.ResumableDataModule` builds inside ``train_dataloader()``, before
+    the sampler's iterator exists, and it checks at ``on_train_start`` that the trainer resumed the
+    same epoch and batch as the data.
+
+    Args:
+        allow_world_size_change: resume on a different number of processes (logged once on rank 0).
+            ``False`` raises :class:`WorldSizeChangedError` instead.
+
+    Raises:
+        MissingStateError: resuming a checkpoint written without this callback.
+        IncompatibleStateError: the checkpoint's data setup (dataset size, shuffle, drop_last, batch
+            size) differs from the current one.
+        MissingCallbackError: training starts without a ``ResumableDataModule`` train loader.
+
+    Example::
+
+        class MyData(ResumableDataModule, L.LightningDataModule):
+            def train_dataloader(self):
+                return DataLoader(self.dataset, batch_size=32, shuffle=True, num_workers=2)
+
+        trainer = L.Trainer(strategy="ddp", devices=2, callbacks=[ResumableDataCallback()])
+        trainer.fit(model, MyData(), ckpt_path="last.ckpt")
+    """
+
+    def __init__(self, allow_world_size_change: bool = True) -> None:
+        self.allow_world_size_change = allow_world_size_change
+        self._trainer: pl.Trainer | None = None
+        self._sampler: ResumableSampler | None = None
+        self._pending: DataState | None = None
+        self._seed: int | None = None
+
+    @property
+    def state_key(self) -> str:
+        return "ResumableDataCallback"
+
+    @property
+    def sampler(self) -> ResumableSampler | None:
+        """The train sampler this callback persists, once ``train_dataloader()`` has built it."""
+        return self._sampler
+
+    # ------------------------------------------------------------------- building the loader
+    def shuffle_seed(self, trainer: pl.Trainer) -> int:
+        """The run's shuffle seed: the checkpoint's, else ``seed_everything``'s, else drawn once by rank 0."""
+        if self._pending is not None:
+            return self._pending.seed
+        if self._seed is None:
+            global_seed = os.environ.get("PL_GLOBAL_SEED")
+            if global_seed is not None:
+                self._seed = int(global_seed)
+            else:
+                drawn = random.SystemRandom().randrange(2**31)
+                self._seed = int(trainer.strategy.broadcast(drawn, src=0))
+        return self._seed
+
+    def attach(self, sampler: ResumableSampler) -> None:
+        """Take ownership of ``sampler``; apply a restored state to it, once, before it is iterated."""
+        self._sampler = sampler
+        if self._pending is None:
+            return
+        saved, self._pending = self._pending, None
+        if saved.world_size != sampler.num_replicas:
+            message = (
+                f"the checkpoint was written on {saved.world_size} processes and resumes on {sampler.num_replicas},"
+                f" at epoch {saved.epoch}, position {saved.position} of {saved.dataset_size}"
+            )
+            if not self.allow_world_size_change:
+                raise WorldSizeChangedError(message + "; ResumableDataCallback(allow_world_size_change=False)")
+            rank_zero_info(f"lightning_resumable: {message}; the rest of the epoch is split across the new ranks")
+        sampler.load_state_dict(saved.to_dict())
+        self._seed = saved.seed
+
+    # ----------------------------------------------------------------------------- persisting
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._sampler is None or self._trainer is None:
+            # Nothing trained yet in this process: keep a restored state that was not applied.
+            return {"train": self._pending.to_dict()} if self._pending is not None else {}
+        trainer, sampler = self._trainer, self._sampler
+        batches = batches_processed(trainer)
+        if batches >= trainer.num_training_batches:
+            # The epoch is complete: the resume starts the next one (Lightning does the same).
+            state = replace(sampler.data_state(), epoch=sampler.epoch + 1, position=0, batches=0)
+        else:
+            sampler.set_consumed_batches(batches)
+            state = sampler.data_state()
+        return {"train": state.to_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        if set(state_dict) != {"train"}:
+            raise StateFormatError(f"unexpected keys in the data state: {sorted(state_dict)}")
+        if self._sampler is not None:
+            raise ResumeError(
+                "the data state was restored after the train loader was built (the strategy restores"
+                " checkpoints after setup); the stream cannot be repositioned exactly"
+            )
+        self._pending = DataState.from_dict(state_dict["train"])
+
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if self.state_key not in checkpoint.get("callbacks", {}):
+            raise MissingStateError(
+                "the checkpoint holds no data state: it was written without ResumableDataCallback, so the"
+                " position of the train stream is unknown. Resume from a checkpoint written with the callback"
+            )
+
+    # ---------------------------------------------------------------------------- verifying
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        sampler = self._sampler
+        if sampler is None:
+            raise MissingCallbackError(
+                "ResumableDataCallback found no resumable train loader: make the datamodule a"
+                " ResumableDataModule (class MyData(ResumableDataModule, L.LightningDataModule))"
+            )
+        epoch, _, batches = sampler.origin
+        if epoch != trainer.current_epoch:
+            raise IncompatibleStateError(
+                f"the data state resumes epoch {epoch} but the trainer resumes epoch {trainer.current_epoch}"
+            )
+        if batches and batches != batches_processed(trainer):
+            raise IncompatibleStateError(
+                f"the data state resumes after {batches} batches of epoch {epoch} but the trainer resumes"
+                f" after {batches_processed(trainer)}"
+            )

@@ -1,0 +1,90 @@
+"""The mixin that makes a LightningDataModule's train loader resumable."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+
+from lightning_resumable.errors import MissingCallbackError
+from lightning_resumable.loader import make_resumable
+
+__all__ = ["ResumableDataModule"]
+
+_WRAPPED = "__lightning_resumable_wrapped__"
+
+
+def _find_callback(trainer: pl.Trainer) -> Any:
+    from lightning_resumable.callback import ResumableDataCallback
+
+    found = [
+        callback
+        for callback in trainer.callbacks  # type: ignore[attr-defined]
+        if isinstance(callback, ResumableDataCallback)
+    ]
+    if len(found) != 1:
+        raise MissingCallbackError(
+            f"a ResumableDataModule needs exactly one ResumableDataCallback in Trainer(callbacks=...), found"
+            f" {len(found)}"
+        )
+    return found[0]
+
+
+class ResumableDataModule:
+    """Mixin: the loader that ``train_dataloader()`` returns comes back exactly resumable.
+
+    Put it before ``LightningDataModule``; keep ``train_dataloader()`` returning an ordinary
+    ``DataLoader`` or ``StatefulDataLoader`` (any ``shuffle``, ``num_workers``,
+    ``persistent_workers``, ``drop_last``, ``batch_size``). The mixin rebuilds it around a
+    :class:`~lightning_resumable.ResumableSampler` for this process's rank and world size, seeded
+    with the run's shuffle seed, and hands the sampler to :class:`ResumableDataCallback`, which
+    positions it before the first batch is drawn.
+
+    Pass-through contract: the persisted state is the sampler's global state only; rank, world size
+    and shard offsets are derived again from the current trainer on every restore.
+
+    Raises:
+        MissingCallbackError: no ``ResumableDataCallback`` on the trainer, or no trainer attached.
+        UnsupportedLoaderError: the returned loader cannot be resumed exactly (message says why).
+
+    Example::
+
+        class MyData(ResumableDataModule, L.LightningDataModule):
+            def train_dataloader(self):
+                return DataLoader(self.dataset, batch_size=32, shuffle=True)
+    """
+
+    trainer: pl.Trainer | None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        user_train_dataloader = cls.__dict__.get("train_dataloader")
+        if user_train_dataloader is None or getattr(user_train_dataloader, _WRAPPED, False):
+            return
+        cls.train_dataloader = _resumable(user_train_dataloader)  # type: ignore[attr-defined]
+
+
+def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    @functools.wraps(user_train_dataloader)
+    def train_dataloader(self: ResumableDataModule) -> Any:
+        loader = user_train_dataloader(self)
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            raise MissingCallbackError(
+                "train_dataloader() of a ResumableDataModule runs under a Trainer; attach the datamodule with"
+                " trainer.fit(model, datamodule)"
+            )
+        callback = _find_callback(trainer)
+        resumable = make_resumable(
+            loader,
+            seed=callback.shuffle_seed(trainer),
+            num_replicas=trainer.world_size,
+            rank=trainer.global_rank,
+        )
+        callback.attach(resumable.sampler)
+        return resumable
+
+    setattr(train_dataloader, _WRAPPED, True)
+    return train_dataloader

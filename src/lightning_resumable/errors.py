@@ -1,0 +1,45 @@
+"""Every exception the library raises derives from :class:`ResumeError`.
+
+A user catches ``ResumeError`` to handle all of them; each subclass names one way a resume can go
+wrong, and its message says which values differ.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "IncompatibleStateError",
+    "MissingCallbackError",
+    "MissingStateError",
+    "ResumeError",
+    "StateFormatError",
+    "UnsupportedLoaderError",
+    "WorldSizeChangedError",
+]
+
+
+class ResumeError(RuntimeError):
+    """Base class: resuming the data stream exactly is impossible as configured."""
+
+
+class IncompatibleStateError(ResumeError):
+    """The checkpoint's data state was written by a setup that differs from the current one."""
+
+
+class WorldSizeChangedError(IncompatibleStateError):
+    """The number of processes changed and the callback was told to refuse that."""
+
+
+class StateFormatError(ResumeError):
+    """The persisted data state is malformed or of an unknown version."""
+
+
+class MissingStateError(ResumeError):
+    """A checkpoint is being resumed that holds no data state of this library."""
+
+
+class MissingCallbackError(ResumeError):
+    """A ``ResumableDataModule`` is used without a ``ResumableDataCallback`` on the trainer, or the reverse."""
+
+
+class UnsupportedLoaderError(ResumeError):
+    """``train_dataloader()`` returned something that cannot be made resumable exactly."""

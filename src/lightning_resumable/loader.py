@@ -1,0 +1,116 @@
+"""Turn a user's train ``DataLoader`` into one driven by a :class:`ResumableSampler`.
+
+Promise: the rebuilt loader reads the same dataset with the same batch size, workers, collation,
+pinning and ``drop_last``; only the sampler changes. Anything whose stream we cannot reproduce
+exactly (a custom sampler or batch sampler, an iterable dataset, a dataset with its own state, a
+``DataLoader`` subclass with its own constructor) is refused with :class:`UnsupportedLoaderError`
+rather than silently resumed wrong.
+
+A ``StatefulDataLoader`` is rebuilt as a plain ``DataLoader``: the callback owns the position, so
+torchdata's own snapshots would be a second owner (the double count of Accelerate #3938) and cost
+time on every step (torchdata #1317).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
+
+from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.sampler import ResumableSampler
+
+__all__ = ["make_resumable"]
+
+
+def _stateful_dataloader_types() -> tuple[type, ...]:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    return (DataLoader, StatefulDataLoader)
+
+
+def _shuffle_of(sampler: object) -> bool:
+    """Whether the user's sampler shuffles; refuses samplers whose order we cannot reproduce."""
+    from torchdata.stateful_dataloader import sampler as torchdata_samplers
+
+    random_types: tuple[type, ...] = (RandomSampler, torchdata_samplers.RandomSampler)
+    if isinstance(sampler, random_types):
+        if getattr(sampler, "replacement", False):
+            raise UnsupportedLoaderError("a RandomSampler with replacement=True cannot be resumed exactly")
+        num_samples = getattr(sampler, "_num_samples", None)
+        if num_samples is not None:
+            raise UnsupportedLoaderError(
+                f"a RandomSampler with num_samples={num_samples} cannot be resumed exactly; drop num_samples"
+            )
+        return True
+    if isinstance(sampler, SequentialSampler):
+        return False
+    if isinstance(sampler, DistributedSampler):
+        return bool(sampler.shuffle)
+    raise UnsupportedLoaderError(
+        f"the train loader's sampler is a {type(sampler).__name__}; only shuffle=True/False, RandomSampler,"
+        " SequentialSampler and DistributedSampler can be made resumable"
+    )
+
+
+def make_resumable(loader: object, *, seed: int, num_replicas: int, rank: int) -> DataLoader[Any]:
+    """Return ``loader`` rebuilt around a :class:`ResumableSampler` (or as it is, if it has one).
+
+    Raises:
+        UnsupportedLoaderError: the loader cannot be made exactly resumable; the message says why.
+    """
+    if not isinstance(loader, DataLoader):
+        raise UnsupportedLoaderError(
+            f"train_dataloader() returned a {type(loader).__name__}; a ResumableDataModule supports one"
+            " torch DataLoader or torchdata StatefulDataLoader (several train loaders are not supported yet)"
+        )
+    if isinstance(loader.sampler, ResumableSampler):
+        return loader
+    if type(loader) not in _stateful_dataloader_types():
+        raise UnsupportedLoaderError(
+            f"train_dataloader() returned a {type(loader).__name__}, a DataLoader subclass whose constructor"
+            " cannot be replayed; return a DataLoader or StatefulDataLoader, or pass a ResumableSampler yourself"
+        )
+    dataset = loader.dataset
+    if isinstance(dataset, IterableDataset):
+        raise UnsupportedLoaderError("iterable-style datasets are not supported yet; use a map-style dataset")
+    if callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None)):
+        raise UnsupportedLoaderError(
+            f"the dataset {type(dataset).__name__} has its own state_dict/load_state_dict; its state would not be"
+            " persisted, so the resumed stream could differ"
+        )
+    if loader.batch_size is None:
+        raise UnsupportedLoaderError(
+            "the train loader uses a custom batch_sampler (or batch_size=None); pass batch_size and a sampler"
+            " or shuffle instead"
+        )
+    shuffle = _shuffle_of(loader.sampler)
+    sampler = ResumableSampler(
+        dataset,  # type: ignore[arg-type]  # map-style datasets are sized; len() below proves it
+        num_replicas=num_replicas,
+        rank=rank,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=False,
+        batch_size=loader.batch_size,
+    )
+    extra: dict[str, Any] = {}
+    if loader.num_workers > 0:
+        extra["prefetch_factor"] = loader.prefetch_factor
+        extra["persistent_workers"] = loader.persistent_workers
+    return DataLoader(
+        dataset,
+        batch_size=loader.batch_size,
+        sampler=sampler,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        pin_memory_device=loader.pin_memory_device,
+        in_order=loader.in_order,
+        **extra,
+    )

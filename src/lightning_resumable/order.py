@@ -1,0 +1,111 @@
+"""The order of an epoch: a bijection of ``[0, size)`` computed position by position.
+
+Promise: the dataset index at any position of any epoch is a pure function of
+``(seed, epoch, size, position)``. Nothing is stored, nothing is replayed, so starting an epoch at
+position ``p`` costs the same as starting it at 0, whatever ``size`` (up to 2**40).
+
+Construction: a Feistel network with modular addition over ``Z_side x Z_side``, ``side`` the
+smallest integer with ``side**2 >= size``, six rounds keyed by ``(seed, epoch)``, and cycle walking
+to stay inside ``[0, size)``. A Feistel network is a bijection of its domain for any round
+function; cycle walking restricts it to a bijection of ``[0, size)``. Fewer than ``2 * side``
+values of the domain lie outside, so almost no position walks at all.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["MAX_SIZE", "EpochOrder"]
+
+MAX_SIZE = 1 << 40
+"""The largest dataset the order supports: positions and halves must fit int64 arithmetic."""
+
+_ROUNDS = 6
+_MASK32 = 0xFFFFFFFF
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _splitmix64(value: int) -> int:
+    """One step of SplitMix64: turns structured integers (seed, epoch, round) into key material."""
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def _mix32(values: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's finaliser on the low 32 bits, in place: the Feistel round function's mixer.
+
+    int64 products may wrap past 2**63; masking keeps exactly the low 32 bits, which is what the
+    finaliser defines, so the result is the same on every platform.
+    """
+    values ^= values >> 16
+    values.mul_(0x85EBCA6B).bitwise_and_(_MASK32)
+    values ^= values >> 13
+    values.mul_(0xC2B2AE35).bitwise_and_(_MASK32)
+    values ^= values >> 16
+    return values
+
+
+class EpochOrder:
+    """The order in which one epoch visits a dataset of ``size`` elements.
+
+    ``order(positions)`` maps a tensor of positions in ``[0, size)`` to dataset indices, one
+    vectorised pass for the whole tensor. With ``shuffle=False`` the order is the identity.
+
+    Args:
+        size: number of elements, 1 to ``MAX_SIZE``.
+        seed: the shuffle seed (any integer).
+        epoch: the epoch number (any non-negative integer).
+        shuffle: ``False`` for the identity order.
+    """
+
+    def __init__(self, size: int, seed: int, epoch: int, shuffle: bool = True) -> None:
+        if not 1 <= size <= MAX_SIZE:
+            raise ValueError(f"EpochOrder size must be between 1 and 2**40, got {size}")
+        if epoch < 0:
+            raise ValueError(f"EpochOrder epoch must be non-negative, got {epoch}")
+        self.size = size
+        self.seed = seed
+        self.epoch = epoch
+        self.shuffle = shuffle
+        # The Feistel domain is side * side, the smallest square holding size: at most 2*side - 1
+        # values lie outside [0, size), so cycle walking is rare and short.
+        self._side = math.isqrt(size - 1) + 1
+        material = _splitmix64(_splitmix64(seed & _MASK64) ^ epoch)
+        self._round_keys = [_splitmix64(material + round_index) & _MASK32 for round_index in range(_ROUNDS)]
+
+    def _encrypt(self, values: torch.Tensor) -> torch.Tensor:
+        """One pass of the Feistel network over Z_side x Z_side (a bijection of [0, side**2))."""
+        side = self._side
+        left = torch.div(values, side, rounding_mode="floor")
+        right = values - left * side
+        for key in self._round_keys:
+            # Lemire's range reduction maps the 32-bit hash onto [0, side) without a division.
+            mixed = _mix32(right ^ key).mul_(side).bitwise_right_shift_(32)
+            mixed += left
+            mixed -= (mixed >= side).long().mul_(side)
+            left, right = right, mixed
+        left *= side
+        left += right
+        return left
+
+    def __call__(self, positions: torch.Tensor) -> torch.Tensor:
+        """Dataset indices at ``positions`` (an int64 tensor of values in ``[0, size)``)."""
+        if not self.shuffle or self.size == 1:
+            return positions.clone()
+        indices = self._encrypt(positions)
+        outside = torch.nonzero(indices >= self.size).squeeze(1)
+        while outside.numel():
+            walked = self._encrypt(indices.index_select(0, outside))
+            indices.index_copy_(0, outside, walked)
+            outside = outside[walked >= self.size]
+        return indices
+
+    def index_at(self, position: int) -> int:
+        """Dataset index at one position; for tools and tests, not the hot path."""
+        if not 0 <= position < self.size:
+            raise IndexError(f"position {position} is outside [0, {self.size})")
+        return int(self(torch.tensor([position], dtype=torch.int64))[0])

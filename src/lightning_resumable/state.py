@@ -1,0 +1,97 @@
+"""The persisted data state: global values only, plain types only.
+
+Promise: a :class:`DataState` holds the cause of the stream (seed, epoch, global position) and the
+setup needed to check a resume is legitimate; never a derived quantity such as rank, shard offset or
+per-worker progress, which is recomputed from the current setup on restore. Its dict form contains
+only ints, bools and strings, so a checkpoint stays loadable with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from lightning_resumable.errors import IncompatibleStateError, StateFormatError
+
+__all__ = ["STATE_VERSION", "DataState"]
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DataState:
+    """Where one train loader's stream stands, and the setup that produced it.
+
+    Attributes:
+        seed: the shuffle seed of the run.
+        epoch: the epoch the position belongs to.
+        position: samples of this epoch consumed by all ranks together.
+        batches: batches of this epoch completed, as the trainer counts them. Equal to
+            ``position // (batch_size * world_size)`` unless the world size changed mid-epoch.
+        dataset_size: ``len(dataset)``.
+        shuffle: whether the order is shuffled.
+        drop_last: the sampler's ``drop_last`` (drop the tail that does not divide across ranks).
+        batch_size: samples per batch on each rank.
+        world_size: number of processes that wrote the state.
+    """
+
+    seed: int
+    epoch: int
+    position: int
+    batches: int
+    dataset_size: int
+    shuffle: bool
+    drop_last: bool
+    batch_size: int
+    world_size: int
+    version: int = STATE_VERSION
+
+    def to_dict(self) -> dict[str, int | bool]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> DataState:
+        """Parse a persisted dict, refusing unknown versions and wrong types with a specific error."""
+        if not isinstance(raw, Mapping):
+            raise StateFormatError(f"data state must be a dict, got {type(raw).__name__}")
+        version = raw.get("version")
+        if version != STATE_VERSION:
+            raise StateFormatError(
+                f"data state version {version!r} is not supported (this library reads version {STATE_VERSION})"
+            )
+        values: dict[str, Any] = {}
+        for field in fields(cls):
+            if field.name not in raw:
+                raise StateFormatError(f"data state lacks the key {field.name!r}")
+            value = raw[field.name]
+            expected = bool if field.type in ("bool", bool) else int
+            if type(value) is not expected:
+                raise StateFormatError(
+                    f"data state key {field.name!r} must be {expected.__name__}, got {type(value).__name__}"
+                )
+            values[field.name] = value
+        state = cls(**values)
+        if state.epoch < 0 or state.position < 0 or state.batches < 0:
+            raise StateFormatError(f"data state has a negative epoch, position or batch count: {state}")
+        if state.dataset_size < 1 or state.batch_size < 1 or state.world_size < 1:
+            raise StateFormatError(f"data state has a non-positive size: {state}")
+        return state
+
+    def check_same_data(self, current: DataState) -> None:
+        """Raise if ``current`` (the running setup) would read a different stream than the saved one.
+
+        The world size is not compared here: a changed world size is an elastic resume, which the
+        sampler handles and the callback polices.
+        """
+        names = ("dataset_size", "shuffle", "drop_last", "batch_size")
+        differences = [
+            f"{name}: checkpoint {getattr(self, name)!r}, now {getattr(current, name)!r}"
+            for name in names
+            if getattr(self, name) != getattr(current, name)
+        ]
+        if differences:
+            raise IncompatibleStateError(
+                "the checkpoint's data state was written by a different setup; resuming would read a"
+                " different stream. Differences: " + "; ".join(differences)
+            )
