@@ -1,0 +1,174 @@
+"""Runs the three phases of a scenario (straight through, stopped, resumed) and compares the streams."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+TRAIN_SCRIPT = Path(__file__).with_name("train.py")
+RUN_TIMEOUT_S = 300
+
+Records = dict[int, list[dict[str, Any]]]
+"""Per rank, the completed training steps in order: epoch, batch index, sample ids."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One training setup and where its stopped run saves and ends.
+
+    ``stop_kind``: ``batch_end`` (in ``on_train_batch_end``), ``last_batch`` (the same on the last
+    batch of the epoch), ``in_step`` (inside ``training_step``; the resume re-runs that batch),
+    ``validation`` (at the end of a mid-epoch validation). ``estimated_stepping_batches`` makes
+    ``configure_optimizers`` read it, which builds the loaders before the checkpoint is restored.
+    """
+
+    world_size: int
+    num_workers: int = 0
+    loader: str = "DataLoader"
+    shuffle: bool = True
+    drop_last: bool = False
+    stop_kind: str = "batch_end"
+    estimated_stepping_batches: bool = False
+    resumable: bool = True
+    persistent_workers: bool = False
+    dataset_size: int = 38
+    batch_size: int = 4
+    epochs: int = 3
+    stop_epoch: int = 1
+    seed: int | None = 1234
+    resume_world_size: int | None = None
+    callback_kwargs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches each rank trains per epoch, as DistributedSampler and DataLoader count them."""
+        per_rank = math.ceil(self.dataset_size / self.world_size)
+        return per_rank // self.batch_size if self.drop_last else math.ceil(per_rank / self.batch_size)
+
+    @property
+    def stop_batch(self) -> int:
+        if self.stop_kind == "last_batch":
+            return self.batches_per_epoch - 1
+        if self.stop_kind == "validation":
+            return 1  # validation runs after every second batch (val_check_interval=2)
+        return 2
+
+    def data_key(self) -> Scenario:
+        """The scenario with everything that cannot change the uninterrupted stream normalised."""
+        return replace(self, stop_kind="batch_end", resume_world_size=None, callback_kwargs={})
+
+    def label(self) -> str:
+        parts = [
+            f"W{self.world_size}" + (f"to{self.resume_world_size}" if self.resume_world_size else ""),
+            f"workers{self.num_workers}",
+            self.loader,
+            "shuffle" if self.shuffle else "sequential",
+            "droplast" if self.drop_last else "keeplast",
+            self.stop_kind,
+        ]
+        if self.estimated_stepping_batches:
+            parts.append("est_steps")
+        if not self.resumable:
+            parts.append("CONTROL")
+        return "-".join(parts)
+
+
+def _config(scenario: Scenario, phase: str, run_dir: Path, checkpoint: Path, world_size: int) -> dict[str, Any]:
+    config = asdict(scenario)
+    config.update(
+        phase=phase,
+        out_dir=str(run_dir),
+        checkpoint=str(checkpoint),
+        world_size=world_size,
+        val_check_interval=2,
+        stop={"kind": scenario.stop_kind, "epoch": scenario.stop_epoch, "batch": scenario.stop_batch},
+    )
+    return config
+
+
+def run_phase(scenario: Scenario, phase: str, run_dir: Path, checkpoint: Path, world_size: int | None = None) -> Records:
+    """Run one phase as a fresh process tree and return what each rank recorded."""
+    world_size = world_size or scenario.world_size
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / f"{phase}.json"
+    config_path.write_text(json.dumps(_config(scenario, phase, run_dir, checkpoint, world_size)))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    completed = subprocess.run(
+        [sys.executable, str(TRAIN_SCRIPT), str(config_path)],
+        cwd=run_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    if completed.returncode != 0:
+        raise AssertionError(
+            f"{scenario.label()} phase {phase} exited {completed.returncode}:\n{completed.stderr[-4000:]}"
+        )
+    if phase == "stop" and not checkpoint.exists():
+        raise AssertionError(f"{scenario.label()}: the stopped run wrote no checkpoint\n{completed.stderr[-4000:]}")
+    return read_records(run_dir, phase, world_size)
+
+
+def read_records(run_dir: Path, phase: str, world_size: int) -> Records:
+    records: Records = {}
+    for rank in range(world_size):
+        path = run_dir / f"{phase}.rank{rank}.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        records[rank] = [json.loads(line) for line in lines]
+    return records
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    full: Records
+    stopped: Records
+    resumed: Records
+
+    def stream_mismatches(self) -> list[str]:
+        """Per rank, where stopped + resumed steps differ from the uninterrupted steps (empty: exact)."""
+        problems = []
+        for rank, expected in self.full.items():
+            actual = self.stopped[rank] + self.resumed[rank]
+            if not self.stopped[rank] or not self.resumed[rank]:
+                problems.append(
+                    f"rank {rank}: {len(self.stopped[rank])} steps before the stop and"
+                    f" {len(self.resumed[rank])} after: the scenario did not stop and resume mid-run"
+                )
+            for step, (want, got) in enumerate(zip(expected, actual, strict=False)):
+                if want != got:
+                    problems.append(f"rank {rank} step {step}: expected {want}, got {got}")
+                    break
+            if len(expected) != len(actual):
+                problems.append(f"rank {rank}: expected {len(expected)} steps, got {len(actual)}")
+        return problems
+
+
+class Runner:
+    """Runs scenarios, sharing one uninterrupted run among scenarios with the same data setup."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._full: dict[Scenario, Records] = {}
+
+    def full(self, scenario: Scenario) -> Records:
+        key = scenario.data_key()
+        if key not in self._full:
+            run_dir = self.root / ("full-" + key.label())
+            self._full[key] = run_phase(key, "full", run_dir, run_dir / "unused.ckpt")
+        return self._full[key]
+
+    def run(self, scenario: Scenario) -> Outcome:
+        full = self.full(scenario)
+        run_dir = self.root / scenario.label()
+        checkpoint = run_dir / "stop.ckpt"
+        stopped = run_phase(scenario, "stop", run_dir, checkpoint)
+        resumed = run_phase(scenario, "resume", run_dir, checkpoint, scenario.resume_world_size)
+        return Outcome(scenario, full, stopped, resumed)

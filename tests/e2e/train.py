@@ -1,0 +1,189 @@
+"""One training run of the end-to-end suite: ``python train.py CONFIG.json``.
+
+Lightning's DDP launcher starts the other ranks by re-running this command, so the whole run is
+described by the config file. Each rank appends one JSON line per completed training step
+(epoch, batch index, sample ids) to ``{out_dir}/{phase}.rank{R}.jsonl``, flushed at once, so the
+records survive the abrupt end of a stopped run.
+
+Phases: ``full`` trains straight through; ``stop`` saves a checkpoint at the configured point and
+ends the process at once with ``os._exit`` (no cleanup, no exception handling, like a kill);
+``resume`` trains from that checkpoint to the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lightning_resumable import ResumableDataCallback, ResumableDataModule
+
+warnings.filterwarnings("ignore", category=UserWarning)
+
+
+class IdDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Sample ``i`` carries its own id, so every rank can log exactly which samples it trained on."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor(index), torch.full((4,), float(index % 7))
+
+
+class Recorder:
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+
+def stop_now(trainer: L.Trainer, checkpoint: str) -> None:
+    trainer.save_checkpoint(checkpoint)
+    os._exit(0)
+
+
+class StepRecorder(L.Callback):
+    """Records each completed step; runs before StopAt so the step that triggers a stop is recorded."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.recorder: Recorder | None = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        out = Path(self.config["out_dir"]) / f"{self.config['phase']}.rank{trainer.global_rank}.jsonl"
+        self.recorder = Recorder(out)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        assert self.recorder is not None
+        self.recorder.write({"epoch": trainer.current_epoch, "batch": batch_idx, "ids": batch[0].tolist()})
+
+
+class Model(L.LightningModule):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = config
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        stop = self.config.get("stop")
+        if (
+            self.config["phase"] == "stop"
+            and stop["kind"] == "in_step"
+            and [self.current_epoch, batch_idx] == [stop["epoch"], stop["batch"]]
+        ):
+            stop_now(self.trainer, self.config["checkpoint"])
+        return self.layer(batch[1]).pow(2).mean()
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self.log("val_loss", self.layer(batch[1]).pow(2).mean(), sync_dist=True)
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
+        if not self.config.get("estimated_stepping_batches"):
+            return optimizer
+        # Runs setup_data before the checkpoint is restored (Lightning #20550).
+        total = int(self.trainer.estimated_stepping_batches)
+        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def make_loader(config: dict[str, Any], dataset: Dataset[Any], shuffle: bool, drop_last: bool) -> DataLoader[Any]:
+    loader_type = StatefulDataLoader if config["loader"] == "StatefulDataLoader" else DataLoader
+    workers = config["num_workers"]
+    return loader_type(
+        dataset,
+        batch_size=config["batch_size"],
+        shuffle=shuffle,
+        drop_last=drop_last,
+        num_workers=workers,
+        persistent_workers=workers > 0 and config.get("persistent_workers", False),
+    )
+
+
+class PlainData(L.LightningDataModule):
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = config
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        dataset = IdDataset(self.config["dataset_size"])
+        return make_loader(self.config, dataset, self.config["shuffle"], self.config["drop_last"])
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(IdDataset(8), batch_size=4)
+
+
+class ResumableData(ResumableDataModule, PlainData):
+    def train_dataloader(self) -> DataLoader[Any]:
+        return super().train_dataloader()
+
+
+class StopAt(L.Callback):
+    """Saves a checkpoint at the configured point of the ``stop`` phase and ends the process."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.stop = config["stop"]
+        self.checkpoint = config["checkpoint"]
+        self.last_batch: tuple[int, int] | None = None
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.last_batch = (trainer.current_epoch, batch_idx)
+        if self.stop["kind"] == "batch_end" and list(self.last_batch) == [self.stop["epoch"], self.stop["batch"]]:
+            stop_now(trainer, self.checkpoint)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if self.stop["kind"] == "validation" and self.last_batch is not None:
+            if list(self.last_batch) == [self.stop["epoch"], self.stop["batch"]]:
+                stop_now(trainer, self.checkpoint)
+
+
+def main(config_path: str) -> None:
+    config = json.loads(Path(config_path).read_text())
+    if config.get("seed") is not None:
+        L.seed_everything(config["seed"], verbose=False)
+    torch.set_num_threads(1)
+    callbacks: list[L.Callback] = [StepRecorder(config)]
+    if config["resumable"]:
+        callbacks.append(ResumableDataCallback(**config.get("callback_kwargs", {})))
+        datamodule: L.LightningDataModule = ResumableData(config)
+    else:
+        datamodule = PlainData(config)
+    if config["phase"] == "stop":
+        callbacks.append(StopAt(config))
+    world_size = config["world_size"]
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world_size,
+        strategy="ddp" if world_size > 1 else "auto",
+        max_epochs=config["epochs"],
+        callbacks=callbacks,
+        val_check_interval=config.get("val_check_interval", 1.0),
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=config["out_dir"],
+    )
+    ckpt_path = config["checkpoint"] if config["phase"] == "resume" else None
+    trainer.fit(Model(config), datamodule=datamodule, ckpt_path=ckpt_path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
