@@ -6,9 +6,14 @@ fails if these attributes move. Everything else in the library uses public API o
 
 from __future__ import annotations
 
-import lightning.pytorch as pl
+import warnings
 
-__all__ = ["batches_processed"]
+import lightning.pytorch as pl
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
+
+__all__ = ["batches_processed", "silence_not_resumable_warning"]
+
+_NOT_RESUMABLE_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
 
 
 def batches_processed(trainer: pl.Trainer) -> int:
@@ -21,3 +26,12 @@ def batches_processed(trainer: pl.Trainer) -> int:
     """
     progress = trainer.fit_loop.epoch_loop.batch_progress.current
     return int(progress.processed)  # type: ignore[attr-defined]  # a _ProcessedTracker at runtime
+
+
+def silence_not_resumable_warning() -> None:
+    """Hide Lightning's warning that a mid-epoch resume is unreliable for a loader without ``state_dict``.
+
+    Our loader deliberately has no ``state_dict`` (the callback is the one owner of its position), so
+    Lightning's check (``training_epoch_loop.py``, ``is_resumable_loader``) would warn on every resume.
+    """
+    warnings.filterwarnings("ignore", message=_NOT_RESUMABLE_WARNING, category=PossibleUserWarning)

@@ -10,7 +10,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_resumable._lightning import batches_processed
+from lightning_resumable._lightning import batches_processed, silence_not_resumable_warning
 from lightning_resumable.errors import (
     IncompatibleStateError,
     MissingCallbackError,
@@ -105,6 +105,7 @@ class ResumableDataCallback(pl.Callback):
     # ----------------------------------------------------------------------------- persisting
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer
+        silence_not_resumable_warning()
 
     def state_dict(self) -> dict[str, Any]:
         if self._sampler is None or self._trainer is None:

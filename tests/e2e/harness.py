@@ -61,7 +61,10 @@ class Scenario:
 
     def data_key(self) -> Scenario:
         """The scenario with everything that cannot change the uninterrupted stream normalised."""
-        return replace(self, stop_kind="batch_end", resume_world_size=None, callback_kwargs={})
+        persistent = self.persistent_workers and self.num_workers > 0
+        return replace(
+            self, stop_kind="batch_end", resume_world_size=None, callback_kwargs={}, persistent_workers=persistent
+        )
 
     def label(self) -> str:
         parts = [
@@ -72,6 +75,8 @@ class Scenario:
             "droplast" if self.drop_last else "keeplast",
             self.stop_kind,
         ]
+        if self.persistent_workers and self.num_workers:
+            parts.insert(2, "persistent")
         if self.estimated_stepping_batches:
             parts.append("est_steps")
         if not self.resumable:
@@ -92,27 +97,31 @@ def _config(scenario: Scenario, phase: str, run_dir: Path, checkpoint: Path, wor
     return config
 
 
-def run_phase(scenario: Scenario, phase: str, run_dir: Path, checkpoint: Path, world_size: int | None = None) -> Records:
+def run_phase(
+    scenario: Scenario, phase: str, run_dir: Path, checkpoint: Path, world_size: int | None = None
+) -> Records:
     """Run one phase as a fresh process tree and return what each rank recorded."""
     world_size = world_size or scenario.world_size
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / f"{phase}.json"
     config_path.write_text(json.dumps(_config(scenario, phase, run_dir, checkpoint, world_size)))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    completed = subprocess.run(
-        [sys.executable, str(TRAIN_SCRIPT), str(config_path)],
-        cwd=run_dir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-    )
-    if completed.returncode != 0:
-        raise AssertionError(
-            f"{scenario.label()} phase {phase} exited {completed.returncode}:\n{completed.stderr[-4000:]}"
-        )
+    log_path = run_dir / f"{phase}.log"
+    # Output goes to a file, not a pipe: after a stop, orphaned loader workers would hold a pipe
+    # open until their watchdog notices the dead parent.
+    with log_path.open("w") as log:
+        returncode = subprocess.run(
+            [sys.executable, str(TRAIN_SCRIPT), str(config_path)],
+            cwd=run_dir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=RUN_TIMEOUT_S,
+        ).returncode
+    if returncode != 0:
+        raise AssertionError(f"{scenario.label()} phase {phase} exited {returncode}:\n{log_path.read_text()[-4000:]}")
     if phase == "stop" and not checkpoint.exists():
-        raise AssertionError(f"{scenario.label()}: the stopped run wrote no checkpoint\n{completed.stderr[-4000:]}")
+        raise AssertionError(f"{scenario.label()}: the stopped run wrote no checkpoint\n{log_path.read_text()[-4000:]}")
     return read_records(run_dir, phase, world_size)
 
 
@@ -157,6 +166,7 @@ class Runner:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._full: dict[Scenario, Records] = {}
+        self._outcomes: dict[Scenario, Outcome] = {}
 
     def full(self, scenario: Scenario) -> Records:
         key = scenario.data_key()
@@ -166,9 +176,12 @@ class Runner:
         return self._full[key]
 
     def run(self, scenario: Scenario) -> Outcome:
+        if scenario in self._outcomes:
+            return self._outcomes[scenario]
         full = self.full(scenario)
         run_dir = self.root / scenario.label()
         checkpoint = run_dir / "stop.ckpt"
         stopped = run_phase(scenario, "stop", run_dir, checkpoint)
         resumed = run_phase(scenario, "resume", run_dir, checkpoint, scenario.resume_world_size)
-        return Outcome(scenario, full, stopped, resumed)
+        self._outcomes[scenario] = Outcome(scenario, full, stopped, resumed)
+        return self._outcomes[scenario]

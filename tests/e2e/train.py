@@ -80,11 +80,15 @@ class Model(L.LightningModule):
         self.layer = torch.nn.Linear(4, 1)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        stop = self.config.get("stop")
+        stop = self.config["stop"]
         if (
             self.config["phase"] == "stop"
             and stop["kind"] == "in_step"
-            and [self.current_epoch, batch_idx] == [stop["epoch"], stop["batch"]]
+            and [self.current_epoch, batch_idx]
+            == [
+                stop["epoch"],
+                stop["batch"],
+            ]
         ):
             stop_now(self.trainer, self.config["checkpoint"])
         return self.layer(batch[1]).pow(2).mean()
@@ -137,19 +141,19 @@ class StopAt(L.Callback):
     """Saves a checkpoint at the configured point of the ``stop`` phase and ends the process."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        self.stop = config["stop"]
+        self.kind = config["stop"]["kind"]
+        self.target = (config["stop"]["epoch"], config["stop"]["batch"])
         self.checkpoint = config["checkpoint"]
         self.last_batch: tuple[int, int] | None = None
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.last_batch = (trainer.current_epoch, batch_idx)
-        if self.stop["kind"] == "batch_end" and list(self.last_batch) == [self.stop["epoch"], self.stop["batch"]]:
+        if self.kind in ("batch_end", "last_batch") and self.last_batch == self.target:
             stop_now(trainer, self.checkpoint)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: Any) -> None:
-        if self.stop["kind"] == "validation" and self.last_batch is not None:
-            if list(self.last_batch) == [self.stop["epoch"], self.stop["batch"]]:
-                stop_now(trainer, self.checkpoint)
+        if self.kind == "validation" and self.last_batch == self.target:
+            stop_now(trainer, self.checkpoint)
 
 
 def main(config_path: str) -> None:

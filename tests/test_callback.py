@@ -1,0 +1,141 @@
+"""Misconfigurations and incompatible checkpoints are refused with specific errors (single process)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_resumable import (
+    IncompatibleStateError,
+    MissingCallbackError,
+    MissingStateError,
+    ResumableDataCallback,
+    ResumableDataModule,
+    WorldSizeChangedError,
+)
+
+
+class Model(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch[0]).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class PlainData(L.LightningDataModule):
+    def __init__(self, size: int = 16) -> None:
+        super().__init__()
+        self.size = size
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(TensorDataset(torch.arange(self.size).float().unsqueeze(1)), batch_size=2, shuffle=True)
+
+
+class Data(ResumableDataModule, PlainData):
+    def train_dataloader(self) -> DataLoader[Any]:
+        return super().train_dataloader()
+
+
+def trainer(tmp_path: Path, callbacks: list[L.Callback], **kwargs: Any) -> L.Trainer:
+    options: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    return L.Trainer(callbacks=callbacks, **{**options, **kwargs})
+
+
+def checkpoint_with_callback(tmp_path: Path, *extra: L.Callback) -> Path:
+    path = tmp_path / "mid.ckpt"
+
+    class SaveAtBatch3(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+            if trainer.global_step == 3:
+                trainer.save_checkpoint(path)
+
+    trainer(tmp_path, [ResumableDataCallback(), SaveAtBatch3(), *extra], max_epochs=2).fit(Model(), Data())
+    return path
+
+
+def test_mixin_without_callback_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(MissingCallbackError, match="exactly one ResumableDataCallback"):
+        trainer(tmp_path, []).fit(Model(), Data())
+
+
+def test_callback_without_mixin_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(MissingCallbackError, match="make the datamodule a ResumableDataModule"):
+        trainer(tmp_path, [ResumableDataCallback()]).fit(Model(), PlainData())
+
+
+def test_train_dataloader_outside_a_trainer_is_refused() -> None:
+    with pytest.raises(MissingCallbackError, match="runs under a Trainer"):
+        Data().train_dataloader()
+
+
+def test_checkpoint_without_data_state_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "plain.ckpt"
+    plain = trainer(tmp_path, [])
+    plain.fit(Model(), PlainData())
+    plain.save_checkpoint(path)
+    with pytest.raises(MissingStateError, match="written without ResumableDataCallback"):
+        trainer(tmp_path, [ResumableDataCallback()], max_epochs=2).fit(Model(), Data(), ckpt_path=path)
+
+
+def test_checkpoint_of_another_dataset_size_is_refused(tmp_path: Path) -> None:
+    path = checkpoint_with_callback(tmp_path)
+    with pytest.raises(IncompatibleStateError, match="dataset_size: checkpoint 16, now 18"):
+        trainer(tmp_path, [ResumableDataCallback()]).fit(Model(), Data(size=18), ckpt_path=path)
+
+
+def test_changed_world_size_is_refused_when_the_callback_is_strict(tmp_path: Path) -> None:
+    path = checkpoint_with_callback(tmp_path)
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["callbacks"]["ResumableDataCallback"]["train"]["world_size"] = 2
+    torch.save(checkpoint, path)
+    strict = ResumableDataCallback(allow_world_size_change=False)
+    with pytest.raises(WorldSizeChangedError, match="written on 2 processes and resumes on 1"):
+        trainer(tmp_path, [strict]).fit(Model(), Data(), ckpt_path=path)
+
+
+def test_data_state_disagreeing_with_trainer_progress_is_refused(tmp_path: Path) -> None:
+    path = checkpoint_with_callback(tmp_path)
+    checkpoint = torch.load(path, weights_only=True)
+    state = checkpoint["callbacks"]["ResumableDataCallback"]["train"]
+    state["batches"], state["position"] = 2, 4
+    torch.save(checkpoint, path)
+    with pytest.raises(
+        IncompatibleStateError, match="resumes after 2 batches of epoch 0 but the trainer resumes after 3"
+    ):
+        trainer(tmp_path, [ResumableDataCallback()]).fit(Model(), Data(), ckpt_path=path)
+
+
+def test_single_process_resume_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fast in-process check of the whole path; the DDP matrix is in tests/e2e."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "3")
+    seen: list[list[float]] = []
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, i: int) -> None:
+            seen.append(batch[0].flatten().tolist())
+
+    trainer(tmp_path, [ResumableDataCallback(), Record()], max_epochs=2).fit(Model(), Data())
+    full, seen[:] = list(seen), []
+    path = checkpoint_with_callback(tmp_path, Record())
+    before, seen[:] = seen[:3], []
+    trainer(tmp_path, [ResumableDataCallback(), Record()], max_epochs=2).fit(Model(), Data(), ckpt_path=path)
+    assert before + seen == full

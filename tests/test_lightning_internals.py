@@ -1,0 +1,24 @@
+"""The Lightning internals in ``_lightning.py`` still exist in the installed Lightning version."""
+
+from __future__ import annotations
+
+import lightning as L
+
+from lightning_resumable._lightning import batches_processed
+
+
+def test_batch_progress_is_readable_from_a_fresh_trainer() -> None:
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    assert batches_processed(trainer) == 0
+    trainer.fit_loop.epoch_loop.batch_progress.increment_processed()
+    assert batches_processed(trainer) == 1
+
+
+def test_the_not_resumable_warning_text_still_matches_lightnings() -> None:
+    import inspect
+
+    from lightning.pytorch.loops import training_epoch_loop
+
+    from lightning_resumable._lightning import _NOT_RESUMABLE_WARNING
+
+    assert _NOT_RESUMABLE_WARNING in inspect.getsource(training_epoch_loop)

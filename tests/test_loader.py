@@ -1,0 +1,98 @@
+"""The mixin's loader conversion keeps the user's settings and refuses what it cannot resume exactly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lightning_resumable import ResumableSampler, UnsupportedLoaderError
+from lightning_resumable.loader import make_resumable
+
+
+class Squares(Dataset[int]):
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, index: int) -> int:
+        return index * index
+
+
+def collate(batch: list[int]) -> torch.Tensor:
+    return torch.tensor(batch)
+
+
+def convert(loader: object) -> DataLoader[Any]:
+    return make_resumable(loader, seed=7, num_replicas=2, rank=1)
+
+
+@pytest.mark.parametrize("loader_type", [DataLoader, StatefulDataLoader])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_settings_are_kept_and_the_sampler_replaced(loader_type: type, shuffle: bool) -> None:
+    original = loader_type(
+        Squares(),
+        batch_size=3,
+        shuffle=shuffle,
+        num_workers=2,
+        drop_last=True,
+        collate_fn=collate,
+        persistent_workers=True,
+        prefetch_factor=3,
+    )
+    converted = convert(original)
+    sampler = converted.sampler
+    assert type(converted) is DataLoader
+    assert isinstance(sampler, ResumableSampler)
+    assert (sampler.shuffle, sampler.seed, sampler.num_replicas, sampler.rank) == (shuffle, 7, 2, 1)
+    assert sampler.batch_size == 3
+    assert (converted.batch_size, converted.num_workers, converted.drop_last) == (3, 2, True)
+    assert converted.collate_fn is collate
+    assert converted.persistent_workers and converted.prefetch_factor == 3
+
+
+def test_a_loader_that_already_has_a_resumable_sampler_is_returned_as_is() -> None:
+    loader = DataLoader(Squares(), batch_size=2, sampler=ResumableSampler(Squares(), 1, 0))
+    assert convert(loader) is loader
+
+
+def test_a_distributed_sampler_keeps_its_shuffle() -> None:
+    loader = DataLoader(Squares(), batch_size=2, sampler=torch.utils.data.DistributedSampler(Squares(), 2, 0, False))
+    assert convert(loader).sampler.shuffle is False  # type: ignore[attr-defined]
+
+
+class Numbers(IterableDataset[int]):
+    def __iter__(self) -> Any:
+        return iter(range(5))
+
+
+class StatefulSquares(Squares):
+    def state_dict(self) -> dict[str, int]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        pass
+
+
+class MyLoader(DataLoader[Any]):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("loader", "message"),
+    [
+        ([DataLoader(Squares())], "returned a list"),
+        (DataLoader(Numbers()), "iterable-style datasets"),
+        (DataLoader(StatefulSquares()), "own state_dict/load_state_dict"),
+        (DataLoader(Squares(), sampler=RandomSampler(Squares(), replacement=True)), "replacement=True"),
+        (DataLoader(Squares(), sampler=RandomSampler(Squares(), num_samples=5)), "num_samples=5"),
+        (DataLoader(Squares(), sampler=[3, 1, 2]), "sampler is a list"),
+        (DataLoader(Squares(), batch_sampler=BatchSampler(SequentialSampler(Squares()), 2, False)), "batch_sampler"),
+        (MyLoader(Squares()), "MyLoader, a DataLoader subclass"),
+    ],
+)
+def test_unsupported_loaders_are_refused_with_the_reason(loader: object, message: str) -> None:
+    with pytest.raises(UnsupportedLoaderError, match=message):
+        convert(loader)

@@ -1,0 +1,211 @@
+"""ResumableSampler: DistributedSampler's layout, started at any global position, on any world size."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DistributedSampler
+
+from lightning_resumable import IncompatibleStateError, ResumableSampler
+
+
+def batches_of(indices: list[int], batch_size: int, drop_last: bool) -> list[list[int]]:
+    batches = [indices[i : i + batch_size] for i in range(0, len(indices), batch_size)]
+    return [b for b in batches if len(b) == batch_size] if drop_last else batches
+
+
+@pytest.mark.parametrize("size", [10, 11, 13, 64])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_unshuffled_stream_is_distributed_samplers_stream(size: int, world_size: int, drop_last: bool) -> None:
+    for rank in range(world_size):
+        expected = list(DistributedSampler(range(size), world_size, rank, shuffle=False, drop_last=drop_last))
+        sampler = ResumableSampler(range(size), world_size, rank, shuffle=False, drop_last=drop_last)
+        assert list(sampler) == expected
+        assert len(sampler) == len(expected)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_partition_each_epoch_and_epochs_differ(drop_last: bool) -> None:
+    size, world_size = 103, 4
+    orders = []
+    for epoch in range(3):
+        per_rank = []
+        for rank in range(world_size):
+            sampler = ResumableSampler(range(size), world_size, rank, seed=5, drop_last=drop_last)
+            sampler.set_epoch(epoch)
+            per_rank.append(list(sampler))
+        counts = Counter(i for stream in per_rank for i in stream)
+        if drop_last:
+            assert len(counts) == size // world_size * world_size and set(counts.values()) == {1}
+        else:
+            assert set(counts) == set(range(size))
+            assert sum(counts.values()) == -(-size // world_size) * world_size
+        orders.append(per_rank)
+    assert orders[0] != orders[1] != orders[2]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    size=st.integers(1, 300),
+    batch_size=st.integers(1, 9),
+    world_size=st.integers(1, 5),
+    drop_last=st.booleans(),
+    epoch=st.integers(0, 5),
+    stop_fraction=st.floats(0, 1),
+)
+def test_same_world_size_resume_continues_every_rank_exactly(
+    size: int, batch_size: int, world_size: int, drop_last: bool, epoch: int, stop_fraction: float
+) -> None:
+    num_batches = len(ResumableSampler(range(size), world_size, 0, drop_last=drop_last)) // batch_size
+    consumed = int(stop_fraction * num_batches)
+    state = None
+    full_streams = []
+    for rank in range(world_size):
+        sampler = ResumableSampler(range(size), world_size, rank, seed=77, drop_last=drop_last, batch_size=batch_size)
+        sampler.set_epoch(epoch)
+        full_streams.append(list(sampler))
+        sampler.set_consumed_batches(consumed)
+        state = sampler.state_dict() if state is None else state
+        assert sampler.state_dict() == state, "every rank writes the same global state"
+    assert state is not None
+    for rank in range(world_size):
+        restored = ResumableSampler(range(size), world_size, rank, seed=0, drop_last=drop_last, batch_size=batch_size)
+        restored.load_state_dict(json.loads(json.dumps(state)))
+        if state["position"] >= size:
+            assert restored.epoch == epoch + 1
+            continue
+        restored.set_epoch(epoch)  # the trainer's set_epoch for the same epoch keeps the position
+        assert list(restored) == full_streams[rank][consumed * batch_size :]
+        assert len(restored) == len(full_streams[rank])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    size=st.integers(1, 300),
+    batch_size=st.integers(1, 9),
+    world_size=st.integers(1, 5),
+    new_world_size=st.integers(1, 5),
+    drop_last=st.booleans(),
+    stop_fraction=st.floats(0, 1),
+)
+def test_elastic_resume_consumes_every_sample_once_per_epoch(
+    size: int, batch_size: int, world_size: int, new_world_size: int, drop_last: bool, stop_fraction: float
+) -> None:
+    def sampler(world: int, rank: int) -> ResumableSampler:
+        return ResumableSampler(range(size), world, rank, seed=3, drop_last=drop_last, batch_size=batch_size)
+
+    per_rank = len(sampler(world_size, 0))
+    consumed = int(stop_fraction * (per_rank // batch_size))
+    before: list[int] = []
+    for rank in range(world_size):
+        before += list(sampler(world_size, rank))[: consumed * batch_size]
+    writer = sampler(world_size, 0)
+    writer.set_consumed_batches(consumed)
+    state = writer.state_dict()
+    if state["position"] >= size:
+        restored = sampler(new_world_size, 0)
+        restored.load_state_dict(state)
+        assert restored.origin == (1, 0, 0), "a finished epoch resumes as the next epoch"
+        return
+    after: list[int] = []
+    lengths = set()
+    for rank in range(new_world_size):
+        restored = sampler(new_world_size, rank)
+        restored.load_state_dict(state)
+        after += list(restored)
+        lengths.add(len(restored))
+    remaining = size - state["position"]
+    assert len(lengths) == 1, "every new rank has the same epoch length, so no rank waits on a collective"
+    if drop_last:
+        assert len(set(before + after)) == len(before + after), "no sample twice"
+        assert len(after) == remaining // new_world_size * new_world_size
+    else:
+        assert set(before + after) == set(range(size)), "every sample of the epoch"
+        assert len(after) == -(-remaining // new_world_size) * new_world_size, "only the documented padding repeats"
+        assert lengths == {consumed * batch_size + len(after) // new_world_size}
+
+
+def test_state_is_global_plain_and_small() -> None:
+    sampler = ResumableSampler(range(10**9), num_replicas=8, rank=5, seed=42, batch_size=32)
+    sampler.set_epoch(3)
+    sampler.set_consumed_batches(1000)
+    state = sampler.state_dict()
+    assert state["epoch"] == 3 and state["position"] == 1000 * 32 * 8 and state["seed"] == 42
+    assert "rank" not in state
+    assert len(json.dumps(state)) < 1024
+
+
+def test_without_declared_consumption_state_counts_indices_handed_out() -> None:
+    sampler = ResumableSampler(range(100), num_replicas=2, rank=1, batch_size=5)
+    iterator = iter(sampler)
+    taken = [next(iterator) for _ in range(10)]
+    state = sampler.state_dict()
+    assert (state["position"], state["batches"]) == (20, 2)
+    restored = ResumableSampler(range(100), num_replicas=2, rank=1, batch_size=5)
+    restored.load_state_dict(state)
+    assert taken + list(restored) == list(ResumableSampler(range(100), num_replicas=2, rank=1, batch_size=5))
+
+
+def test_set_epoch_starts_a_new_epoch_at_position_zero() -> None:
+    sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
+    sampler.set_consumed_batches(2)
+    restored = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
+    restored.load_state_dict(sampler.state_dict())
+    assert len(list(restored)) == 12
+    restored.set_epoch(1)
+    assert len(list(restored)) == 20
+
+
+def test_restore_on_the_last_position_starts_the_next_epoch() -> None:
+    sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
+    sampler.set_epoch(2)
+    sampler.set_consumed_batches(5)
+    restored = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
+    restored.load_state_dict(sampler.state_dict())
+    fresh = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
+    fresh.set_epoch(3)
+    assert restored.epoch == 3 and list(restored) == list(fresh)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [({"shuffle": False}, "shuffle"), ({"drop_last": True}, "drop_last"), ({"batch_size": 8}, "batch_size")],
+)
+def test_incompatible_setup_is_refused(kwargs: dict[str, object], named: str) -> None:
+    state = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4).state_dict()
+    restored = ResumableSampler(range(40), num_replicas=2, rank=0, **{"batch_size": 4, **kwargs})  # type: ignore[arg-type]
+    with pytest.raises(IncompatibleStateError, match=named):
+        restored.load_state_dict(state)
+
+
+def test_dataset_of_another_size_is_refused() -> None:
+    state = ResumableSampler(range(40), num_replicas=2, rank=0).state_dict()
+    with pytest.raises(IncompatibleStateError, match="dataset_size: checkpoint 40, now 41"):
+        ResumableSampler(range(41), num_replicas=2, rank=0).load_state_dict(state)
+
+
+def test_consumed_batches_before_the_restored_position_are_refused() -> None:
+    sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
+    sampler.set_consumed_batches(3)
+    restored = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
+    restored.load_state_dict(sampler.state_dict())
+    with pytest.raises(ValueError, match="fewer than the batches at the restored position"):
+        restored.set_consumed_batches(2)
+
+
+def test_start_at_the_end_of_a_billion_samples_is_cheap() -> None:
+    size = 10**9
+    sampler = ResumableSampler(range(size), num_replicas=4, rank=3, seed=1, batch_size=32)
+    sampler.set_consumed_batches(size // (32 * 4) - 10)
+    restored = ResumableSampler(range(size), num_replicas=4, rank=3, seed=1, batch_size=32)
+    restored.load_state_dict(sampler.state_dict())
+    tail = list(restored)
+    assert len(tail) == 10 * 32
+    assert all(0 <= index < size for index in tail)
+    assert torch.tensor(tail).unique().numel() == len(tail)
