@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities.warnings import PossibleUserWarning
+from lightning.fabric.utilities.warnings import PossibleUserWarning
 
 __all__ = ["batches_processed", "silence_not_resumable_warning"]
 

@@ -8,7 +8,6 @@ O(1) time and memory, without replaying earlier positions or epochs.
 
 from __future__ import annotations
 
-import itertools
 import operator
 from collections.abc import Iterator, Mapping, Sized
 from typing import Any
@@ -88,7 +87,8 @@ class ResumableSampler(DistributedSampler[int]):
         self._origin_position = 0
         self._origin_batches = 0
         self._consumed_batches: int | None = None
-        self._handed_out = itertools.count()
+        # (indices handed out before the current chunk, chunk size, iterator over the chunk)
+        self._chunk: tuple[int, int, Iterator[int]] = (0, 0, iter(()))
 
     # ----------------------------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int) -> None:
@@ -122,23 +122,27 @@ class ResumableSampler(DistributedSampler[int]):
         stride = self.num_replicas
         start = self._origin_position + self.rank
         stop = start + self._samples_per_rank() * stride
+        handed_out_before = 0
         for chunk_start in range(start, stop, _CHUNK * stride):
             positions = torch.arange(chunk_start, min(chunk_start + _CHUNK * stride, stop), stride)
             if positions[-1] >= self.dataset_size:
                 # Padding wraps around to the start of the epoch order, as DistributedSampler does.
-                positions = torch.where(
-                    positions >= self.dataset_size, (positions - self.dataset_size) % self.dataset_size, positions
-                )
-            yield from order(positions).tolist()
+                wrapped = (positions - self.dataset_size) % self.dataset_size
+                positions = torch.where(positions >= self.dataset_size, wrapped, positions)
+            chunk = order(positions).tolist()
+            chunk_iterator = iter(chunk)
+            self._chunk = (handed_out_before, len(chunk), chunk_iterator)
+            yield from chunk_iterator
+            handed_out_before += len(chunk)
 
     def __iter__(self) -> Iterator[int]:
-        self._handed_out = itertools.count()
-        # zip pulls the index first, so the counter advances only for indices really handed out.
-        return map(operator.itemgetter(0), zip(self._indices(), self._handed_out, strict=False))
+        self._chunk = (0, 0, iter(()))
+        return self._indices()
 
     def _handed_out_count(self) -> int:
-        # itertools.count exposes its next value through the pickle protocol without advancing.
-        return int(self._handed_out.__reduce__()[1][0])
+        """Indices handed out by the current iterator, exact to the index and free on the hot path."""
+        handed_out_before, chunk_size, chunk_iterator = self._chunk
+        return handed_out_before + chunk_size - operator.length_hint(chunk_iterator)
 
     # ------------------------------------------------------------------------------------ state
     def set_consumed_batches(self, batches: int) -> None:
@@ -190,7 +194,7 @@ class ResumableSampler(DistributedSampler[int]):
         self.seed = saved.seed
         self.epoch = saved.epoch
         self._consumed_batches = None
-        self._handed_out = itertools.count()
+        self._chunk = (0, 0, iter(()))
         if saved.position >= self.dataset_size:
             # Nothing of the saved epoch remains (only padding): the next epoch starts fresh.
             self.epoch = saved.epoch + 1

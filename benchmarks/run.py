@@ -1,0 +1,266 @@
+"""Benchmarks: ``python benchmarks/run.py`` prints one table per measurement (several minutes).
+
+1. Restore to first batch, and peak memory, at N = 1M, 10M, 100M, 1B samples (2 ranks, batch 32,
+   resuming at 90% of the epoch), each in a fresh process: ours against torch's
+   ``DistributedSampler`` fast-forwarded by ``StatefulDataLoader`` and torchdata's
+   ``StatefulDistributedSampler``. The alternatives are run up to 10M: they hold the epoch's
+   permutation as a Python list (about 36 bytes per sample on this rank), so 100M and 1B would need
+   several to tens of GB and minutes.
+2. Whole-epoch index throughput against ``DistributedSampler`` (N = 10M, 1 and 2 ranks).
+3. Bytes the data state adds to a checkpoint.
+4. Per-step cost of the callback and mixin in a real Lightning run (steps per second with and
+   without them, same data, alternating runs).
+
+``--quick`` runs smaller sizes, for a smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from lightning_resumable import ResumableSampler
+
+WORLD_SIZE = 2
+BATCH_SIZE = 32
+RESUME_FRACTION = 0.9
+METHODS = ("lightning_resumable", "DistributedSampler+StatefulDataLoader", "StatefulDistributedSampler")
+
+
+class IndexDataset(Dataset[int]):
+    """A dataset of ``size`` samples that costs nothing to read: the benchmark measures indices."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ------------------------------------------------------------------------- 1. restore to first batch
+def measure_restore(method: str, size: int) -> dict[str, float]:
+    """In this (fresh) process: seconds from load_state_dict to the first batch, and the peak memory added."""
+    warnings.filterwarnings("ignore")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+    dataset = IndexDataset(size)
+    per_rank = -(-size // WORLD_SIZE)
+    batches_done = int(per_rank * RESUME_FRACTION) // BATCH_SIZE
+    samples_done = batches_done * BATCH_SIZE
+    loader: Any
+    if method == "lightning_resumable":
+        sampler = ResumableSampler(dataset, WORLD_SIZE, 0, seed=1, batch_size=BATCH_SIZE)
+        loader = DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)
+        sampler.set_consumed_batches(batches_done)
+        state = sampler.state_dict()
+        restore = lambda: sampler.load_state_dict(state)  # noqa: E731
+    else:
+        sampler_type = DistributedSampler if method.startswith("DistributedSampler") else StatefulDistributedSampler
+        loader = StatefulDataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler_type(dataset, WORLD_SIZE, 0))
+        state = {
+            "_index_sampler_state": None,
+            "_sampler_iter_state": {"samples_yielded": samples_done},
+            "_sampler_iter_yielded": batches_done,
+            "_num_yielded": batches_done,
+            "_IterableDataset_len_called": None,
+            "_shared_seed": None,
+            "fetcher_state": None,
+            "dataset_state": None,
+            "_iterator_finished": False,
+        }
+        if sampler_type is StatefulDistributedSampler:
+            state["_sampler_iter_state"]["sampler_state"] = {"yielded": samples_done}
+        restore = lambda: loader.load_state_dict(state)  # noqa: E731
+    baseline = peak_rss_mb()
+    start = time.perf_counter()
+    restore()
+    first = next(iter(loader))
+    seconds = time.perf_counter() - start
+    assert len(first) == BATCH_SIZE
+    return {"seconds": seconds, "peak_mb": peak_rss_mb() - baseline}
+
+
+def restore_table(sizes: list[int], alternatives_up_to: int) -> None:
+    print(
+        f"\n1. Restore to first batch ({WORLD_SIZE} ranks, batch {BATCH_SIZE}, at {RESUME_FRACTION:.0%} of the epoch)"
+    )
+    print(f"{'N':>14} | {'method':<38} | {'restore->batch':>14} | {'peak MB':>8} | {'ours faster by':>14}")
+    print("-" * 100)
+    for size in sizes:
+        results: dict[str, dict[str, float]] = {}
+        for method in METHODS:
+            if method != "lightning_resumable" and size > alternatives_up_to:
+                print(f"{size:>14,} | {method:<38} | {'not run: the permutation list does not fit':>42}")
+                continue
+            command = [sys.executable, __file__, "restore-one", method, str(size)]
+            output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            results[method] = json.loads(output.strip().splitlines()[-1])
+            ours = results["lightning_resumable"]["seconds"]
+            ratio = "" if method == "lightning_resumable" else f"{results[method]['seconds'] / ours:,.0f}x"
+            print(
+                f"{size:>14,} | {method:<38} | {results[method]['seconds'] * 1000:>11.2f} ms"
+                f" | {results[method]['peak_mb']:>8.1f} | {ratio:>14}"
+            )
+
+
+# ---------------------------------------------------------------------------------- 2. throughput
+def epoch_seconds(sampler: Any) -> float:
+    start = time.perf_counter()
+    for _ in sampler:
+        pass
+    return time.perf_counter() - start
+
+
+def throughput_table(size: int, repeats: int) -> None:
+    print(f"\n2. Whole-epoch index throughput, N = {size:,} (best of {repeats}, alternating)")
+    print(f"{'ranks':>5} | {'DistributedSampler':>22} | {'lightning_resumable':>22} | {'ours / theirs':>13}")
+    print("-" * 72)
+    dataset = IndexDataset(size)
+    for world_size in (1, 2):
+        theirs, ours = [], []
+        for epoch in range(repeats):
+            reference = DistributedSampler(dataset, world_size, 0, seed=1)
+            reference.set_epoch(epoch)
+            theirs.append(epoch_seconds(reference))
+            sampler = ResumableSampler(dataset, world_size, 0, seed=1)
+            sampler.set_epoch(epoch)
+            ours.append(epoch_seconds(sampler))
+        per_rank = len(sampler)
+        theirs_rate, ours_rate = per_rank / min(theirs) / 1e6, per_rank / min(ours) / 1e6
+        print(
+            f"{world_size:>5} | {theirs_rate:>15.2f} M idx/s | {ours_rate:>15.2f} M idx/s"
+            f" | {min(theirs) / min(ours):>12.2f}x"
+        )
+
+
+# ---------------------------------------------------------------------------------- 3. state size
+def state_size_table() -> None:
+    sampler = ResumableSampler(IndexDataset(10**9), 1024, 0, seed=2**31 - 1, batch_size=BATCH_SIZE)
+    sampler.set_epoch(999)
+    sampler.set_consumed_batches(12345)
+    state = {"train": sampler.state_dict()}
+
+    def saved_bytes(callbacks: dict[str, Any]) -> int:
+        buffer = io.BytesIO()
+        torch.save({"callbacks": callbacks}, buffer)
+        return len(buffer.getvalue())
+
+    added = saved_bytes({"ResumableDataCallback": state}) - saved_bytes({})
+    print("\n3. Data state in the checkpoint (N = 1B, 1024 ranks, epoch 999)")
+    print(f"   as JSON: {len(json.dumps(state))} bytes; added to a torch.save checkpoint: {added} bytes")
+
+
+# ------------------------------------------------------------------------------- 4. step overhead
+def lightning_steps_per_second(resumable: bool, steps: int) -> float:
+    import lightning as L
+
+    from lightning_resumable import ResumableDataCallback, ResumableDataModule
+
+    class Model(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch.float().unsqueeze(1)).mean()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.001)
+
+    class Plain(L.LightningDataModule):
+        def train_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(IndexDataset(100_000), batch_size=8, shuffle=True)
+
+    class Resumable(ResumableDataModule, Plain):
+        def train_dataloader(self) -> DataLoader[Any]:
+            return super().train_dataloader()
+
+    class Clock(L.Callback):
+        warmup = 100
+
+        def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+            if trainer.global_step == self.warmup:
+                self.start = time.perf_counter()
+
+        def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
+            self.rate = (trainer.global_step - self.warmup) / (time.perf_counter() - self.start)
+
+    clock = Clock()
+    callbacks: list[L.Callback] = [clock, ResumableDataCallback()] if resumable else [clock]
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(Model(), Resumable() if resumable else Plain())
+    return float(clock.rate)
+
+
+def overhead_table(steps: int, repeats: int) -> None:
+    warnings.filterwarnings("ignore")
+    import logging
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    plain, resumable = [], []
+    for _ in range(repeats):
+        plain.append(lightning_steps_per_second(False, steps))
+        resumable.append(lightning_steps_per_second(True, steps))
+    p, r = statistics.median(plain), statistics.median(resumable)
+    print(
+        f"\n4. Per-step cost in a real Lightning run (1 process, {steps} steps, median of {repeats} alternating runs)"
+    )
+    print(f"   plain DataLoader(shuffle=True): {p:,.0f} steps/s; with callback and mixin: {r:,.0f} steps/s")
+    runs = f"runs: plain {[round(x) for x in plain]}, ours {[round(x) for x in resumable]}"
+    print(f"   overhead: {(p - r) / p:+.1%}  ({runs})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="lightning-resumable benchmarks")
+    parser.add_argument("command", nargs="?", default="all", choices=["all", "restore-one"])
+    parser.add_argument("args", nargs="*")
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    options = parser.parse_args()
+    if options.command == "restore-one":
+        method, size = options.args
+        print(json.dumps(measure_restore(method, int(size))))
+        return
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, 1 thread per process; times are wall-clock on this machine")
+    if options.quick:
+        restore_table([10**4, 10**5], alternatives_up_to=10**5)
+        throughput_table(10**5, repeats=2)
+        state_size_table()
+        overhead_table(steps=300, repeats=1)
+        return
+    restore_table([10**6, 10**7, 10**8, 10**9], alternatives_up_to=10**7)
+    throughput_table(10**7, repeats=3)
+    state_size_table()
+    overhead_table(steps=3000, repeats=3)
+
+
+if __name__ == "__main__":
+    main()
