@@ -90,3 +90,12 @@ def test_adjacent_positions_are_not_correlated() -> None:
     steps = (indices[1:] - indices[:-1]).abs()
     # |U1 - U2| of two independent uniforms has mean 1/3 of the range.
     assert abs(steps.mean().item() / size - 1 / 3) < 0.01
+
+
+@pytest.mark.parametrize("size", [1000, 123_457])
+def test_differences_of_adjacent_indices_are_uniform(size: int) -> None:
+    """An affine-like order (index = a * position + b) has constant differences; a shuffle does not."""
+    indices = EpochOrder(size, seed=8, epoch=2)(torch.arange(size))
+    differences = (indices[1:] - indices[:-1]) % size
+    buckets = torch.bincount(differences * 20 // size, minlength=20).tolist()
+    assert chi_square(buckets) < 43.8  # 19 degrees of freedom, p = 0.001

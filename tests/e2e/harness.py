@@ -161,11 +161,13 @@ class Outcome:
 
 
 class Runner:
-    """Runs scenarios, sharing one uninterrupted run among scenarios with the same data setup."""
+    """Runs scenarios, sharing one uninterrupted run among scenarios with the same data setup and one
+    stopped run among resumes of the same scenario on different world sizes."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self._full: dict[Scenario, Records] = {}
+        self._stopped: dict[Scenario, Records] = {}
         self._outcomes: dict[Scenario, Outcome] = {}
 
     def full(self, scenario: Scenario) -> Records:
@@ -175,13 +177,24 @@ class Runner:
             self._full[key] = run_phase(key, "full", run_dir, run_dir / "unused.ckpt")
         return self._full[key]
 
-    def run(self, scenario: Scenario) -> Outcome:
-        if scenario in self._outcomes:
-            return self._outcomes[scenario]
-        full = self.full(scenario)
+    def stopped(self, scenario: Scenario) -> Records:
+        key = replace(scenario, resume_world_size=None, callback_kwargs={})
+        if key not in self._stopped:
+            run_dir = self.root / key.label()
+            self._stopped[key] = run_phase(key, "stop", run_dir, self.checkpoint(key))
+        return self._stopped[key]
+
+    def checkpoint(self, scenario: Scenario) -> Path:
+        return self.root / replace(scenario, resume_world_size=None).label() / "stop.ckpt"
+
+    def resumed(self, scenario: Scenario) -> Records:
+        self.stopped(scenario)
         run_dir = self.root / scenario.label()
-        checkpoint = run_dir / "stop.ckpt"
-        stopped = run_phase(scenario, "stop", run_dir, checkpoint)
-        resumed = run_phase(scenario, "resume", run_dir, checkpoint, scenario.resume_world_size)
-        self._outcomes[scenario] = Outcome(scenario, full, stopped, resumed)
+        phase = f"resume-on-{scenario.resume_world_size or scenario.world_size}"
+        return run_phase(scenario, phase, run_dir, self.checkpoint(scenario), scenario.resume_world_size)
+
+    def run(self, scenario: Scenario) -> Outcome:
+        if scenario not in self._outcomes:
+            outcome = Outcome(scenario, self.full(scenario), self.stopped(scenario), self.resumed(scenario))
+            self._outcomes[scenario] = outcome
         return self._outcomes[scenario]

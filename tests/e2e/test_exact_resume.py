@@ -46,11 +46,6 @@ CONTROLS = [
 ]
 
 
-@pytest.fixture(scope="session")
-def runner(tmp_path_factory: pytest.TempPathFactory) -> Runner:
-    return Runner(tmp_path_factory.mktemp("e2e"))
-
-
 def test_the_scenarios_cover_every_pair_of_dimension_values() -> None:
     covered = set().union(*(pairs_of(row, list(DIMENSIONS)) for row in ROWS))
     assert covered == all_pairs(DIMENSIONS)
@@ -88,7 +83,7 @@ def test_drawn_seed_is_agreed_by_ranks_saved_and_reused(tmp_path: Path) -> None:
 def test_checkpoint_loads_with_weights_only_and_holds_plain_values(runner: Runner) -> None:
     scenario = next(s for s in SCENARIOS if s.stop_kind == "in_step" and s.world_size == 3)
     runner.run(scenario)  # already run above: the runner returns the recorded outcome
-    checkpoint = runner.root / scenario.label() / "stop.ckpt"
+    checkpoint = runner.checkpoint(scenario)
     state = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]
     assert json.loads(json.dumps(state)) == state
     assert (state["train"]["world_size"], state["train"]["epoch"]) == (3, scenario.stop_epoch)

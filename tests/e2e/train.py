@@ -185,7 +185,7 @@ def main(config_path: str) -> None:
         enable_model_summary=False,
         default_root_dir=config["out_dir"],
     )
-    ckpt_path = config["checkpoint"] if config["phase"] == "resume" else None
+    ckpt_path = config["checkpoint"] if config["phase"].startswith("resume") else None
     trainer.fit(Model(config), datamodule=datamodule, ckpt_path=ckpt_path)
 
 
