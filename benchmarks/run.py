@@ -170,7 +170,8 @@ def state_size_table() -> None:
 
 
 # ------------------------------------------------------------------------------- 4. step overhead
-def lightning_steps_per_second(resumable: bool, steps: int) -> float:
+def lightning_steps_per_second(variant: str, steps: int) -> float:
+    """Steps per second after a warm-up; ``variant``: plain, plain+empty_callback, or lightning_resumable."""
     import lightning as L
 
     from lightning_resumable import ResumableDataCallback, ResumableDataModule
@@ -199,13 +200,14 @@ def lightning_steps_per_second(resumable: bool, steps: int) -> float:
 
         def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
             if trainer.global_step == self.warmup:
-                self.start = time.perf_counter()
+                self.start = time.process_time()
 
         def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
-            self.rate = (trainer.global_step - self.warmup) / (time.perf_counter() - self.start)
+            self.rate = (trainer.global_step - self.warmup) / (time.process_time() - self.start)
 
     clock = Clock()
-    callbacks: list[L.Callback] = [clock, ResumableDataCallback()] if resumable else [clock]
+    extra = {"plain": [], "plain+empty_callback": [L.Callback()], "lightning_resumable": [ResumableDataCallback()]}
+    callbacks: list[L.Callback] = [clock, *extra[variant]]
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
@@ -216,26 +218,30 @@ def lightning_steps_per_second(resumable: bool, steps: int) -> float:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(Model(), Resumable() if resumable else Plain())
+    trainer.fit(Model(), Resumable() if variant == "lightning_resumable" else Plain())
     return float(clock.rate)
 
 
-def overhead_table(steps: int, repeats: int) -> None:
+def overhead_table(steps: int, rounds: int) -> None:
     warnings.filterwarnings("ignore")
     import logging
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    plain, resumable = [], []
-    for _ in range(repeats):
-        plain.append(lightning_steps_per_second(False, steps))
-        resumable.append(lightning_steps_per_second(True, steps))
-    p, r = statistics.median(plain), statistics.median(resumable)
+    variants = ["plain", "plain+empty_callback", "lightning_resumable"]
+    lightning_steps_per_second("plain", steps)  # warm-up: first-run costs land on no variant
+    rates: dict[str, list[float]] = {variant: [] for variant in variants}
+    for round_index in range(rounds):
+        rotated = variants[round_index % 3 :] + variants[: round_index % 3]
+        for variant in rotated:
+            rates[variant].append(lightning_steps_per_second(variant, steps))
     print(
-        f"\n4. Per-step cost in a real Lightning run (1 process, {steps} steps, median of {repeats} alternating runs)"
+        f"\n4. Per-step cost in a real Lightning run (1 process, tiny model, {steps} steps, {rounds} rotating rounds)"
     )
-    print(f"   plain DataLoader(shuffle=True): {p:,.0f} steps/s; with callback and mixin: {r:,.0f} steps/s")
-    runs = f"runs: plain {[round(x) for x in plain]}, ours {[round(x) for x in resumable]}"
-    print(f"   overhead: {(p - r) / p:+.1%}  ({runs})")
+    plain = statistics.median(rates["plain"])
+    for variant in variants:
+        median = statistics.median(rates[variant])
+        runs = ", ".join(f"{rate:,.0f}" for rate in rates[variant])
+        print(f"   {variant:<22} median {median:>7,.0f} steps/s  {(plain - median) / plain:+6.1%} vs plain  ({runs})")
 
 
 def main() -> None:
@@ -254,12 +260,12 @@ def main() -> None:
         restore_table([10**4, 10**5], alternatives_up_to=10**5)
         throughput_table(10**5, repeats=2)
         state_size_table()
-        overhead_table(steps=300, repeats=1)
+        overhead_table(steps=300, rounds=1)
         return
     restore_table([10**6, 10**7, 10**8, 10**9], alternatives_up_to=10**7)
     throughput_table(10**7, repeats=3)
     state_size_table()
-    overhead_table(steps=3000, repeats=3)
+    overhead_table(steps=2000, rounds=6)
 
 
 if __name__ == "__main__":
