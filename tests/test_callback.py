@@ -16,6 +16,7 @@ from lightning_resumable import (
     MissingStateError,
     ResumableDataCallback,
     ResumableDataModule,
+    ResumableSampler,
     WorldSizeChangedError,
 )
 
@@ -139,3 +140,19 @@ def test_single_process_resume_is_exact(tmp_path: Path, monkeypatch: pytest.Monk
     before, seen[:] = seen[:3], []
     trainer(tmp_path, [ResumableDataCallback(), Record()], max_epochs=2).fit(Model(), Data(), ckpt_path=path)
     assert before + seen == full
+
+
+def test_a_loader_built_mid_run_starts_at_the_trainers_epoch() -> None:
+    """A reloaded loader may be iterated (workers prefetch) before Lightning's set_epoch."""
+    sampler = ResumableSampler(range(16), num_replicas=1, rank=0)
+    ResumableDataCallback().attach(sampler, current_epoch=3)
+    assert sampler.origin == (3, 0, 0)
+
+
+def test_a_train_dataloader_inherited_from_a_base_class_is_made_resumable(tmp_path: Path) -> None:
+    class Inherited(ResumableDataModule, PlainData):
+        pass
+
+    callback = ResumableDataCallback()
+    trainer(tmp_path, [callback], max_steps=1).fit(Model(), Inherited())
+    assert isinstance(callback.sampler, ResumableSampler)

@@ -22,3 +22,15 @@ def test_the_not_resumable_warning_text_still_matches_lightnings() -> None:
     from lightning_resumable._lightning import _NOT_RESUMABLE_WARNING
 
     assert _NOT_RESUMABLE_WARNING in inspect.getsource(training_epoch_loop)
+
+
+def test_the_fit_loop_still_rebuilds_the_train_loader_when_its_combined_loader_is_cleared() -> None:
+    import inspect
+
+    from lightning.pytorch.loops.fit_loop import _FitLoop
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    assert trainer.fit_loop._combined_loader is None
+    assert "if self._combined_loader is not None and not self._should_reload_train_dl" in inspect.getsource(
+        _FitLoop.setup_data
+    )

@@ -11,7 +11,7 @@ import warnings
 import lightning.pytorch as pl
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 
-__all__ = ["batches_processed", "silence_not_resumable_warning"]
+__all__ = ["batches_processed", "rebuild_train_loader_at_next_epoch", "silence_not_resumable_warning"]
 
 _NOT_RESUMABLE_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
 
@@ -35,3 +35,14 @@ def silence_not_resumable_warning() -> None:
     Lightning's check (``training_epoch_loop.py``, ``is_resumable_loader``) would warn on every resume.
     """
     warnings.filterwarnings("ignore", message=_NOT_RESUMABLE_WARNING, category=PossibleUserWarning)
+
+
+def rebuild_train_loader_at_next_epoch(trainer: pl.Trainer) -> None:
+    """Make the next epoch call ``train_dataloader()`` again, as ``reload_dataloaders_every_n_epochs`` does.
+
+    Lightning counts an epoch's batches once per loader build (``FitLoop.setup_data`` sets
+    ``max_batches``). After a resume on another world size that count is the resumed epoch's (in the
+    old world size's units), so the following epochs need a fresh build to be counted right.
+    ``setup_data`` rebuilds when ``_combined_loader`` is ``None``; it runs at every epoch start.
+    """
+    trainer.fit_loop._combined_loader = None

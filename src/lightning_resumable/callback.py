@@ -10,7 +10,11 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_resumable._lightning import batches_processed, silence_not_resumable_warning
+from lightning_resumable._lightning import (
+    batches_processed,
+    rebuild_train_loader_at_next_epoch,
+    silence_not_resumable_warning,
+)
 from lightning_resumable.errors import (
     IncompatibleStateError,
     MissingCallbackError,
@@ -61,6 +65,7 @@ class ResumableDataCallback(pl.Callback):
         self._sampler: ResumableSampler | None = None
         self._pending: DataState | None = None
         self._seed: int | None = None
+        self._resized_epoch: int | None = None
 
     @property
     def state_key(self) -> str:
@@ -85,10 +90,13 @@ class ResumableDataCallback(pl.Callback):
                 self._seed = int(trainer.strategy.broadcast(drawn, src=0))
         return self._seed
 
-    def attach(self, sampler: ResumableSampler) -> None:
-        """Take ownership of ``sampler``; apply a restored state to it, once, before it is iterated."""
+    def attach(self, sampler: ResumableSampler, current_epoch: int) -> None:
+        """Take ownership of ``sampler`` before it is iterated: apply a restored state to it, once, or
+        else select the trainer's current epoch (a loader reloaded mid-run may be iterated, with
+        prefetching workers, before Lightning's ``set_epoch``)."""
         self._sampler = sampler
         if self._pending is None:
+            sampler.set_epoch(current_epoch)
             return
         saved, self._pending = self._pending, None
         if saved.world_size != sampler.num_replicas:
@@ -99,6 +107,7 @@ class ResumableDataCallback(pl.Callback):
             if not self.allow_world_size_change:
                 raise WorldSizeChangedError(message + "; ResumableDataCallback(allow_world_size_change=False)")
             rank_zero_info(f"lightning_resumable: {message}; the rest of the epoch is split across the new ranks")
+            self._resized_epoch = saved.epoch
         sampler.load_state_dict(saved.to_dict())
         self._seed = saved.seed
 
@@ -141,6 +150,12 @@ class ResumableDataCallback(pl.Callback):
                 "the checkpoint holds no data state: it was written without ResumableDataCallback, so the"
                 " position of the train stream is unknown. Resume from a checkpoint written with the callback"
             )
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._resized_epoch == trainer.current_epoch:
+            # The epoch resumed on a new world size is over; count the next ones on the new size.
+            self._resized_epoch = None
+            rebuild_train_loader_at_next_epoch(trainer)
 
     # ---------------------------------------------------------------------------- verifying
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.core.hooks import DataHooks
 
 from lightning_resumable.errors import MissingCallbackError
 from lightning_resumable.loader import make_resumable
@@ -60,10 +61,12 @@ class ResumableDataModule:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        user_train_dataloader = cls.__dict__.get("train_dataloader")
-        if user_train_dataloader is None or getattr(user_train_dataloader, _WRAPPED, False):
+        # The method the class resolves to, wherever the user defined it (this class or a base).
+        user_train_dataloader = getattr(cls, "train_dataloader", None)
+        if user_train_dataloader is None or user_train_dataloader is DataHooks.train_dataloader:
             return
-        cls.train_dataloader = _resumable(user_train_dataloader)  # type: ignore[attr-defined]
+        if not getattr(user_train_dataloader, _WRAPPED, False):
+            cls.train_dataloader = _resumable(user_train_dataloader)  # type: ignore[attr-defined]
 
 
 def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -83,7 +86,7 @@ def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], A
             num_replicas=trainer.world_size,
             rank=trainer.global_rank,
         )
-        callback.attach(resumable.sampler)
+        callback.attach(resumable.sampler, trainer.current_epoch)
         return resumable
 
     setattr(train_dataloader, _WRAPPED, True)
