@@ -156,3 +156,19 @@ def test_a_train_dataloader_inherited_from_a_base_class_is_made_resumable(tmp_pa
     callback = ResumableDataCallback()
     trainer(tmp_path, [callback], max_steps=1).fit(Model(), Inherited())
     assert isinstance(callback.sampler, ResumableSampler)
+
+
+def test_validating_a_checkpoint_without_data_state_is_allowed(tmp_path: Path) -> None:
+    path = tmp_path / "plain.ckpt"
+    plain = trainer(tmp_path, [], max_steps=1)
+    plain.fit(Model(), PlainData())
+    plain.save_checkpoint(path)
+
+    class Validating(Model):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            pass
+
+        def val_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(TensorDataset(torch.zeros(2, 1)), batch_size=2)
+
+    trainer(tmp_path, [ResumableDataCallback()]).validate(Validating(), ckpt_path=path)

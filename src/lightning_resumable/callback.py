@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_resumable._lightning import (
@@ -145,6 +146,8 @@ class ResumableDataCallback(pl.Callback):
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:
+            return  # validate/test/predict from a checkpoint read no train stream
         if self.state_key not in checkpoint.get("callbacks", {}):
             raise MissingStateError(
                 "the checkpoint holds no data state: it was written without ResumableDataCallback, so the"
