@@ -209,3 +209,13 @@ def test_start_at_the_end_of_a_billion_samples_is_cheap() -> None:
     assert len(tail) == 10 * 32
     assert all(0 <= index < size for index in tail)
     assert torch.tensor(tail).unique().numel() == len(tail)
+
+
+def test_an_empty_dataset_yields_nothing() -> None:
+    sampler = ResumableSampler(range(0), num_replicas=2, rank=1)
+    assert list(sampler) == [] and len(sampler) == 0
+
+
+def test_a_dataset_beyond_two_to_the_forty_is_refused_up_front() -> None:
+    with pytest.raises(ValueError, match="up to 2\\*\\*40"):
+        ResumableSampler(range(2**40 + 1), num_replicas=1, rank=0)

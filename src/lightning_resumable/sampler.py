@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler
 
-from lightning_resumable.order import EpochOrder
+from lightning_resumable.order import MAX_SIZE, EpochOrder
 from lightning_resumable.state import DataState
 
 __all__ = ["ResumableSampler"]
@@ -83,6 +83,8 @@ class ResumableSampler(DistributedSampler[int]):
         )
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if len(dataset) > MAX_SIZE:
+            raise ValueError(f"datasets of up to 2**40 samples are supported, got {len(dataset)}")
         self.batch_size = batch_size
         self.dataset_size = len(dataset)
         # Where the current epoch's stream starts: 0 for a fresh epoch, the restored global position
@@ -122,10 +124,12 @@ class ResumableSampler(DistributedSampler[int]):
 
     def _chunks(self) -> Iterator[Iterator[int]]:
         """Iterators over consecutive chunks of this rank's indices, computed one vectorised pass each."""
-        order = EpochOrder(self.dataset_size, self.seed, self.epoch, self.shuffle)
         stride = self.num_replicas
         start = self._origin_position + self.rank
         stop = start + self._samples_per_rank() * stride
+        if stop <= start:
+            return  # an empty dataset, or nothing left for this rank
+        order = EpochOrder(self.dataset_size, self.seed, self.epoch, self.shuffle)
         handed_out_before = 0
         chunk_start, chunk_size = start, _FIRST_CHUNK
         while chunk_start < stop:
