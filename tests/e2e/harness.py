@@ -57,13 +57,18 @@ class Scenario:
             return self.batches_per_epoch - 1
         if self.stop_kind == "validation":
             return 1  # validation runs after every second batch (val_check_interval=2)
-        return 2
+        return min(2, self.batches_per_epoch - 2)  # strictly inside the epoch, never its last batch
 
     def data_key(self) -> Scenario:
         """The scenario with everything that cannot change the uninterrupted stream normalised."""
         persistent = self.persistent_workers and self.num_workers > 0
         return replace(
-            self, stop_kind="batch_end", resume_world_size=None, callback_kwargs={}, persistent_workers=persistent
+            self,
+            stop_kind="batch_end",
+            estimated_stepping_batches=False,  # changes when loaders are built, not what they yield
+            resume_world_size=None,
+            callback_kwargs={},
+            persistent_workers=persistent,
         )
 
     def label(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -40,9 +41,13 @@ def scenario_of(row: dict[str, object]) -> Scenario:
 
 
 SCENARIOS = [scenario_of(row) for row in ROWS]
+# The same scenarios without the library wherever plain Lightning breaks: DDP with shuffle. A plain
+# DataLoader saved on the last batch resumes right in plain Lightning (the next epoch starts afresh),
+# so that one is no control.
 CONTROLS = [
-    Scenario(world_size=2, resumable=False),
-    Scenario(world_size=3, num_workers=2, loader="StatefulDataLoader", stop_kind="validation", resumable=False),
+    replace(s, resumable=False)
+    for s in SCENARIOS
+    if s.world_size > 1 and s.shuffle and not (s.stop_kind == "last_batch" and s.loader == "DataLoader")
 ]
 
 
@@ -87,8 +92,8 @@ def test_checkpoint_loads_with_weights_only_and_holds_plain_values(runner: Runne
     state = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]
     assert json.loads(json.dumps(state)) == state
     assert (state["train"]["world_size"], state["train"]["epoch"]) == (3, scenario.stop_epoch)
-    # Inside training_step of batch 2 only batches 0 and 1 are done, on each of the 3 ranks.
-    assert state["train"]["position"] == 2 * scenario.batch_size * 3
+    # Inside training_step of the stop batch only the batches before it are done, on each of the 3 ranks.
+    assert state["train"]["position"] == scenario.stop_batch * scenario.batch_size * 3
 
 
 def assert_each_epoch_covers_the_dataset(outcome: Outcome) -> None:
