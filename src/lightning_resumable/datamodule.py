@@ -9,6 +9,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.core.hooks import DataHooks
 
+from lightning_resumable.callback import ResumableDataCallback
 from lightning_resumable.errors import MissingCallbackError
 from lightning_resumable.loader import make_resumable
 
@@ -17,9 +18,7 @@ __all__ = ["ResumableDataModule"]
 _WRAPPED = "__lightning_resumable_wrapped__"
 
 
-def _find_callback(trainer: pl.Trainer) -> Any:
-    from lightning_resumable.callback import ResumableDataCallback
-
+def _find_callback(trainer: pl.Trainer) -> ResumableDataCallback:
     found = [
         callback
         for callback in trainer.callbacks  # type: ignore[attr-defined]
