@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 from lightning.pytorch.core.hooks import DataHooks
@@ -12,6 +12,7 @@ from lightning.pytorch.core.hooks import DataHooks
 from lightning_resumable.callback import ResumableDataCallback
 from lightning_resumable.errors import MissingCallbackError
 from lightning_resumable.loader import make_resumable
+from lightning_resumable.sampler import ResumableSampler
 
 __all__ = ["ResumableDataModule"]
 
@@ -85,7 +86,7 @@ def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], A
             num_replicas=trainer.world_size,
             rank=trainer.global_rank,
         )
-        callback.attach(resumable.sampler, trainer.current_epoch)
+        callback.attach(cast(ResumableSampler, resumable.sampler), trainer.current_epoch)  # make_resumable's promise
         return resumable
 
     setattr(train_dataloader, _WRAPPED, True)
