@@ -110,7 +110,9 @@ def read_records(record_path: Path) -> dict[int, list[dict[str, Any]]]:
 
 
 def launch(work: Path, phase: str, resumable: bool, ckpt_path: Path | None = None) -> subprocess.Popen[bytes]:
-    command = [sys.executable, __file__, "train", "--record", str(work / phase), "--checkpoints", str(work / "ckpt")]
+    """Start one training run; it records to ``work/PHASE.rankR.jsonl`` and checkpoints to ``work/PHASE-ckpt``."""
+    checkpoints = str(work / f"{phase}-ckpt")
+    command = [sys.executable, __file__, "train", "--record", str(work / phase), "--checkpoints", checkpoints]
     if resumable:
         command.append("--resumable")
     if ckpt_path is not None:
@@ -139,9 +141,8 @@ def run_setup(resumable: bool) -> tuple[list[str], bool]:
     """Straight through, killed, resumed; return the table rows and whether every rank was exact."""
     with tempfile.TemporaryDirectory(prefix="crash_and_resume_") as tmp:
         work = Path(tmp)
-        (work / "full-ckpt").mkdir()
-        finish(launch(work / "full-ckpt", "full", resumable), work / "full-ckpt", "full")
-        full = read_records(work / "full-ckpt" / "full")
+        finish(launch(work, "full", resumable), work, "full")
+        full = read_records(work / "full")
 
         crashed = launch(work, "crashed", resumable)
         deadline = time.monotonic() + 600
@@ -151,7 +152,7 @@ def run_setup(resumable: bool) -> tuple[list[str], bool]:
             time.sleep(0.01)
         os.killpg(crashed.pid, signal.SIGKILL)  # a real crash: no exception, no cleanup
         crashed.wait()
-        checkpoint, steps_done = newest_complete_checkpoint(work / "ckpt")
+        checkpoint, steps_done = newest_complete_checkpoint(work / "crashed-ckpt")
         before = {rank: records[:steps_done] for rank, records in read_records(work / "crashed").items()}
 
         finish(launch(work, "resumed", resumable, checkpoint), work, "resumed")

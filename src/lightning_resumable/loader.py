@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+from torchdata.stateful_dataloader.sampler import RandomSampler as TorchdataRandomSampler
 
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.sampler import ResumableSampler
@@ -23,18 +25,9 @@ from lightning_resumable.sampler import ResumableSampler
 __all__ = ["make_resumable"]
 
 
-def _stateful_dataloader_types() -> tuple[type, ...]:
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    return (DataLoader, StatefulDataLoader)
-
-
 def _shuffle_of(sampler: object) -> bool:
     """Whether the user's sampler shuffles; refuses samplers whose order we cannot reproduce."""
-    from torchdata.stateful_dataloader import sampler as torchdata_samplers
-
-    random_types: tuple[type, ...] = (RandomSampler, torchdata_samplers.RandomSampler)
-    if isinstance(sampler, random_types):
+    if isinstance(sampler, (RandomSampler, TorchdataRandomSampler)):
         if getattr(sampler, "replacement", False):
             raise UnsupportedLoaderError("a RandomSampler with replacement=True cannot be resumed exactly")
         num_samples = getattr(sampler, "_num_samples", None)
@@ -66,7 +59,7 @@ def make_resumable(loader: object, *, seed: int, num_replicas: int, rank: int) -
         )
     if isinstance(loader.sampler, ResumableSampler):
         return loader
-    if type(loader) not in _stateful_dataloader_types():
+    if type(loader) not in (DataLoader, StatefulDataLoader):
         raise UnsupportedLoaderError(
             f"train_dataloader() returned a {type(loader).__name__}, a DataLoader subclass whose constructor"
             " cannot be replayed; return a DataLoader or StatefulDataLoader, or pass a ResumableSampler yourself"
