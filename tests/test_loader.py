@@ -53,9 +53,16 @@ def test_settings_are_kept_and_the_sampler_replaced(loader_type: type, shuffle: 
     assert converted.persistent_workers and converted.prefetch_factor == 3
 
 
-def test_a_loader_that_already_has_a_resumable_sampler_is_returned_as_is() -> None:
-    loader = DataLoader(Squares(), batch_size=2, sampler=ResumableSampler(Squares(), 1, 0))
-    assert convert(loader) is loader
+def test_a_loader_with_a_users_resumable_sampler_is_rebuilt_with_its_shuffle() -> None:
+    loader = DataLoader(Squares(), batch_size=2, sampler=ResumableSampler(Squares(), 1, 0, shuffle=False))
+    converted = convert(loader)
+    assert isinstance(converted.sampler, ResumableSampler) and converted.sampler.sample_keys
+    assert (converted.sampler.shuffle, converted.sampler.num_replicas, converted.sampler.rank) == (False, 2, 1)
+
+
+def test_a_converted_loader_is_returned_as_it_is() -> None:
+    converted = convert(DataLoader(Squares(), batch_size=2))
+    assert convert(converted) is converted
 
 
 def test_a_distributed_sampler_keeps_its_shuffle() -> None:

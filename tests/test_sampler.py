@@ -162,15 +162,65 @@ def test_set_epoch_starts_a_new_epoch_at_position_zero() -> None:
     assert len(list(restored)) == 20
 
 
-def test_restore_on_the_last_position_starts_the_next_epoch() -> None:
+def test_a_restore_applies_to_the_next_pass_only() -> None:
+    """As with DistributedSampler, a second pass of the same epoch is the whole epoch."""
+    sampler = ResumableSampler(range(40), num_replicas=2, rank=1, batch_size=4)
+    sampler.set_epoch(2)
+    sampler.set_consumed_batches(2)
+    restored = ResumableSampler(range(40), num_replicas=2, rank=1, batch_size=4)
+    restored.load_state_dict(sampler.state_dict())
+    whole_epoch = list(sampler)
+    assert list(restored) == whole_epoch[8:]
+    assert list(restored) == whole_epoch
+    assert len(restored) == len(whole_epoch)
+
+
+def test_a_state_saved_after_the_last_sample_restores_as_a_complete_epoch() -> None:
+    """As torchdata's StatefulDistributedSampler: nothing more of that epoch, until set_epoch moves on."""
     sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
     sampler.set_epoch(2)
     sampler.set_consumed_batches(5)
     restored = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
     restored.load_state_dict(sampler.state_dict())
+    restored.set_epoch(2)  # a plain loop resuming at the saved epoch
+    assert restored.epoch == 2 and list(restored) == []
+    restored.set_epoch(3)
     fresh = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
     fresh.set_epoch(3)
-    assert restored.epoch == 3 and list(restored) == list(fresh)
+    assert list(restored) == list(fresh)
+
+
+def test_sample_keys_pair_each_index_with_a_seed_of_its_global_position() -> None:
+    """The same position gets the same seed on any world size; padded repeats of an index get their own."""
+    seeds_by_position: dict[int, tuple[int, int]] = {}
+    for world_size in (1, 2, 3):
+        for rank in range(world_size):
+            keyed = ResumableSampler(range(10), world_size, rank, seed=4, sample_keys=True)
+            plain = ResumableSampler(range(10), world_size, rank, seed=4)
+            keyed.set_epoch(1)
+            plain.set_epoch(1)
+            keys = list(keyed)
+            assert [index for index, _ in keys] == list(plain)
+            for step, key in enumerate(keys):
+                position = rank + step * world_size
+                assert seeds_by_position.setdefault(position, key) == key
+    seeds = [seed for _, seed in seeds_by_position.values()]
+    assert len(seeds_by_position) == 12  # 10 positions and the two of W=3's padding
+    assert len(set(seeds)) == len(seeds)
+    assert seeds_by_position[10][0] == seeds_by_position[0][0]  # padding repeats an index...
+    assert seeds_by_position[10][1] != seeds_by_position[0][1]  # ...under another seed
+
+
+def test_sample_seeds_change_with_the_epoch_and_the_seed() -> None:
+    def seeds(seed: int, epoch: int) -> list[int]:
+        sampler = ResumableSampler(range(50), 1, 0, seed=seed, shuffle=False, sample_keys=True)
+        sampler.set_epoch(epoch)
+        return [key[1] for key in sampler]
+
+    assert seeds(1, 0) == seeds(1, 0)
+    assert not set(seeds(1, 0)) & set(seeds(1, 1))
+    assert not set(seeds(1, 0)) & set(seeds(2, 0))
+    assert all(0 <= seed < 2**63 for seed in seeds(1, 0))
 
 
 @pytest.mark.parametrize(

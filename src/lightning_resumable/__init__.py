@@ -6,12 +6,15 @@ from lightning_resumable.errors import (
     IncompatibleStateError,
     MissingCallbackError,
     MissingStateError,
+    NotInSampleFetchError,
     ResumeError,
+    ResumeVerificationError,
     StateFormatError,
     UnsupportedLoaderError,
     WorldSizeChangedError,
 )
 from lightning_resumable.order import EpochOrder
+from lightning_resumable.randomness import SampleRng, SampleSeededDataset, sample_rng
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
 
@@ -21,13 +24,18 @@ __all__ = [
     "IncompatibleStateError",
     "MissingCallbackError",
     "MissingStateError",
+    "NotInSampleFetchError",
     "ResumableDataCallback",
     "ResumableDataModule",
     "ResumableSampler",
     "ResumeError",
+    "ResumeVerificationError",
+    "SampleRng",
+    "SampleSeededDataset",
     "StateFormatError",
     "UnsupportedLoaderError",
     "WorldSizeChangedError",
+    "sample_rng",
 ]
 
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""The one owner of the train loader's position: persisted in the checkpoint, applied once on restore."""
+"""The one owner of the train loader's position: persisted in the checkpoint, applied once on restore,
+verified before the first resumed step; and the owner of the training step's randomness."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
 
 from lightning_resumable._lightning import (
     batches_processed,
@@ -24,30 +26,51 @@ from lightning_resumable.errors import (
     StateFormatError,
     WorldSizeChangedError,
 )
+from lightning_resumable.randomness import seed_training_step
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
+from lightning_resumable.verification import (
+    BatchFingerprint,
+    all_gather_objects,
+    check_fingerprints,
+    fingerprint_next_batch,
+)
 
 __all__ = ["ResumableDataCallback"]
 
 
 class ResumableDataCallback(pl.Callback):
-    """Makes a mid-epoch resume feed every rank exactly the batches it would have got uninterrupted.
+    """Makes a resumed run continue as if never interrupted: same batches, same content, same steps.
 
     On save it records the train loader's global state (seed, epoch, samples consumed by all ranks,
     and the setup), counting the batches the trainer has really completed rather than what the
-    loader prefetched. On restore it hands that state to the sampler that
-    :class:`~lightning_resumable.ResumableDataModule` builds inside ``train_dataloader()``, before
-    the sampler's iterator exists, and it checks at ``on_train_start`` that the trainer resumed the
-    same epoch and batch as the data.
+    loader prefetched, and a fingerprint of the batch each rank trains next. On restore it hands
+    that state to the sampler that :class:`~lightning_resumable.ResumableDataModule` builds inside
+    ``train_dataloader()``, before the sampler's iterator exists; at ``on_train_start`` it checks
+    that the trainer resumed the same epoch and batch as the data, and that the batches about to be
+    trained match the fingerprints.
+
+    Randomness is derived, never stored: each sample is fetched under a seed of ``(seed, epoch,
+    global position)`` and each training step starts from a seed of ``(seed, epoch, batch index)``
+    (see :mod:`lightning_resumable.randomness`).
 
     Args:
         allow_world_size_change: resume on a different number of processes (logged once on rank 0).
             ``False`` raises :class:`WorldSizeChangedError` instead.
+        seed_samples: seed torch's CPU generator, ``random`` and NumPy's global ``RandomState``
+            before each sample is fetched, so augmentations are exact after a resume.
+            ``sample_rng()`` works either way.
+        seed_steps: reseed those generators (and CUDA's) at the start of every training step, so
+            dropout and other draws in the step are exact after a resume. Every rank gets the same
+            seed, as with ``seed_everything``.
+        verify: record the next batch's fingerprint at every save and compare it on resume.
 
     Raises:
         MissingStateError: resuming a checkpoint written without this callback.
         IncompatibleStateError: the checkpoint's data setup (dataset size, shuffle, drop_last, batch
             size) differs from the current one.
+        ResumeVerificationError: on every rank, before the first resumed step, when a batch about to
+            be trained differs from the one the checkpoint recorded.
         MissingCallbackError: training starts without a ``ResumableDataModule`` train loader.
 
     Example::
@@ -60,11 +83,25 @@ class ResumableDataCallback(pl.Callback):
         trainer.fit(model, MyData(), ckpt_path="last.ckpt")
     """
 
-    def __init__(self, allow_world_size_change: bool = True) -> None:
+    def __init__(
+        self,
+        allow_world_size_change: bool = True,
+        seed_samples: bool = True,
+        seed_steps: bool = True,
+        verify: bool = True,
+    ) -> None:
         self.allow_world_size_change = allow_world_size_change
+        self.seed_samples = seed_samples
+        self.seed_steps = seed_steps
+        self.verify = verify
         self._trainer: pl.Trainer | None = None
+        self._loader: DataLoader[Any] | None = None
         self._sampler: ResumableSampler | None = None
+        # A restored state not yet applied to a sampler, with the fingerprints saved beside it.
         self._pending: DataState | None = None
+        self._pending_fingerprints: list[BatchFingerprint] | None = None
+        # An applied restore whose batches are checked at on_train_start.
+        self._to_verify: tuple[DataState, list[BatchFingerprint]] | None = None
         self._seed: int | None = None
         self._resized_epoch: int | None = None
 
@@ -91,15 +128,19 @@ class ResumableDataCallback(pl.Callback):
                 self._seed = int(trainer.strategy.broadcast(drawn, src=0))
         return self._seed
 
-    def attach(self, sampler: ResumableSampler, current_epoch: int) -> None:
-        """Take ownership of ``sampler`` before it is iterated: apply a restored state to it, once, or
-        else select the trainer's current epoch (a loader reloaded mid-run may be iterated, with
-        prefetching workers, before Lightning's ``set_epoch``)."""
-        self._sampler = sampler
+    def attach(self, loader: DataLoader[Any], current_epoch: int) -> None:
+        """Take ownership of ``loader``'s :class:`ResumableSampler` before it is iterated: apply a
+        restored state to it, once, or else select the trainer's current epoch (a loader reloaded
+        mid-run may be iterated, with prefetching workers, before Lightning's ``set_epoch``)."""
+        sampler = loader.sampler
+        if not isinstance(sampler, ResumableSampler):
+            raise TypeError(f"the loader's sampler must be a ResumableSampler, got {type(sampler).__name__}")
+        self._loader, self._sampler = loader, sampler
         if self._pending is None:
             sampler.set_epoch(current_epoch)
             return
         saved, self._pending = self._pending, None
+        fingerprints, self._pending_fingerprints = self._pending_fingerprints, None
         if saved.world_size != sampler.num_replicas:
             message = (
                 f"the checkpoint was written on {saved.world_size} processes and resumes on {sampler.num_replicas},"
@@ -111,6 +152,12 @@ class ResumableDataCallback(pl.Callback):
             self._resized_epoch = saved.epoch
         sampler.load_state_dict(saved.to_dict())
         self._seed = saved.seed
+        if not self.verify:
+            return
+        if fingerprints is None:
+            rank_zero_info("lightning_resumable: the checkpoint holds no batch fingerprint; the resume is not verified")
+        else:
+            self._to_verify = (saved, fingerprints)
 
     # ----------------------------------------------------------------------------- persisting
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -118,9 +165,19 @@ class ResumableDataCallback(pl.Callback):
         silence_not_resumable_warning()
 
     def state_dict(self) -> dict[str, Any]:
-        if self._sampler is None or self._trainer is None:
+        """``{"train": DataState, "next_batch": one [ids, content] fingerprint per rank}``; collective.
+
+        Lightning calls it on every rank when a checkpoint is saved; every rank's fingerprint is
+        gathered, because only rank 0 writes the file.
+        """
+        if self._loader is None or self._sampler is None or self._trainer is None:
             # Nothing trained yet in this process: keep a restored state that was not applied.
-            return {"train": self._pending.to_dict()} if self._pending is not None else {}
+            if self._pending is None:
+                return {}
+            pending: dict[str, Any] = {"train": self._pending.to_dict()}
+            if self._pending_fingerprints is not None:
+                pending["next_batch"] = [fingerprint.to_list() for fingerprint in self._pending_fingerprints]
+            return pending
         trainer, sampler = self._trainer, self._sampler
         batches = batches_processed(trainer)
         if batches >= trainer.num_training_batches:
@@ -129,19 +186,32 @@ class ResumableDataCallback(pl.Callback):
         else:
             sampler.set_consumed_batches(batches)
             state = sampler.data_state()
-        return {"train": state.to_dict()}
+        saved: dict[str, Any] = {"train": state.to_dict()}
+        if self.verify:
+            mine = fingerprint_next_batch(self._loader, state, sampler.rank, sampler.num_replicas)
+            saved["next_batch"] = all_gather_objects(mine.to_list())
+        return saved
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
-        if set(state_dict) != {"train"}:
+        if not {"train"} <= set(state_dict) <= {"train", "next_batch"}:
             raise StateFormatError(f"unexpected keys in the data state: {sorted(state_dict)}")
         if self._sampler is not None:
             raise ResumeError(
                 "the data state was restored after the train loader was built (the strategy restores"
                 " checkpoints after setup); the stream cannot be repositioned exactly"
             )
-        self._pending = DataState.from_dict(state_dict["train"])
+        state = DataState.from_dict(state_dict["train"])
+        fingerprints = None
+        if "next_batch" in state_dict:
+            raw = state_dict["next_batch"]
+            if not isinstance(raw, list) or len(raw) != state.world_size:
+                raise StateFormatError(
+                    f"the data state must hold one batch fingerprint per rank ({state.world_size}), got {raw!r}"
+                )
+            fingerprints = [BatchFingerprint.from_list(entry) for entry in raw]
+        self._pending, self._pending_fingerprints = state, fingerprints
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -160,10 +230,16 @@ class ResumableDataCallback(pl.Callback):
             self._resized_epoch = None
             rebuild_train_loader_at_next_epoch(trainer)
 
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.seed_steps and self._seed is not None:
+            seed_training_step(self._seed, trainer.current_epoch, batch_idx)
+
     # ---------------------------------------------------------------------------- verifying
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        sampler = self._sampler
-        if sampler is None:
+        sampler, loader = self._sampler, self._loader
+        if sampler is None or loader is None:
             raise MissingCallbackError(
                 "ResumableDataCallback found no resumable train loader: make the datamodule a"
                 " ResumableDataModule (class MyData(ResumableDataModule, L.LightningDataModule))"
@@ -178,3 +254,7 @@ class ResumableDataCallback(pl.Callback):
                 f"the data state resumes after {batches} batches of epoch {epoch} but the trainer resumes"
                 f" after {batches_processed(trainer)}"
             )
+        if self._to_verify is not None:
+            saved, fingerprints = self._to_verify
+            self._to_verify = None
+            check_fingerprints(loader, saved, fingerprints, trainer.global_rank, trainer.world_size)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.core.hooks import DataHooks
@@ -12,7 +12,6 @@ from lightning.pytorch.core.hooks import DataHooks
 from lightning_resumable.callback import ResumableDataCallback
 from lightning_resumable.errors import MissingCallbackError
 from lightning_resumable.loader import make_resumable
-from lightning_resumable.sampler import ResumableSampler
 
 __all__ = ["ResumableDataModule"]
 
@@ -40,8 +39,10 @@ class ResumableDataModule:
     ``DataLoader`` or ``StatefulDataLoader`` (any ``shuffle``, ``num_workers``,
     ``persistent_workers``, ``drop_last``, ``batch_size``). The mixin rebuilds it around a
     :class:`~lightning_resumable.ResumableSampler` for this process's rank and world size, seeded
-    with the run's shuffle seed, and hands the sampler to :class:`ResumableDataCallback`, which
-    positions it before the first batch is drawn.
+    with the run's shuffle seed, wraps the dataset in a
+    :class:`~lightning_resumable.SampleSeededDataset` (each sample is fetched under the seed of its
+    global position; attributes are read through to your dataset, which is ``.dataset``), and hands
+    the loader to :class:`ResumableDataCallback`, which positions it before the first batch is drawn.
 
     Pass-through contract: the persisted state is the sampler's global state only; rank, world size
     and shard offsets are derived again from the current trainer on every restore.
@@ -85,8 +86,9 @@ def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], A
             seed=callback.shuffle_seed(trainer),
             num_replicas=trainer.world_size,
             rank=trainer.global_rank,
+            seed_samples=callback.seed_samples,
         )
-        callback.attach(cast(ResumableSampler, resumable.sampler), trainer.current_epoch)  # make_resumable's promise
+        callback.attach(resumable, trainer.current_epoch)
         return resumable
 
     setattr(train_dataloader, _WRAPPED, True)

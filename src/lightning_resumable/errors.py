@@ -10,7 +10,9 @@ __all__ = [
     "IncompatibleStateError",
     "MissingCallbackError",
     "MissingStateError",
+    "NotInSampleFetchError",
     "ResumeError",
+    "ResumeVerificationError",
     "StateFormatError",
     "UnsupportedLoaderError",
     "WorldSizeChangedError",
@@ -43,3 +45,11 @@ class MissingCallbackError(ResumeError):
 
 class UnsupportedLoaderError(ResumeError):
     """``train_dataloader()`` returned something that cannot be made resumable exactly."""
+
+
+class ResumeVerificationError(ResumeError):
+    """The batch a resumed rank is about to train differs from the one the checkpoint recorded."""
+
+
+class NotInSampleFetchError(ResumeError):
+    """:func:`~lightning_resumable.sample_rng` was called outside a sample fetch of a resumable loader."""

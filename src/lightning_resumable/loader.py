@@ -1,7 +1,9 @@
 """Turn a user's train ``DataLoader`` into one driven by a :class:`ResumableSampler`.
 
 Promise: the rebuilt loader reads the same dataset with the same batch size, workers, collation,
-pinning and ``drop_last``; only the sampler changes. Anything whose stream we cannot reproduce
+pinning and ``drop_last``; only the sampler changes, and the dataset is wrapped in a
+:class:`~lightning_resumable.randomness.SampleSeededDataset` so that each sample is fetched under the
+seed of its global position. Anything whose stream we cannot reproduce
 exactly (a custom sampler or batch sampler, an iterable dataset, a dataset with its own state, a
 ``DataLoader`` subclass with its own constructor) is refused with :class:`UnsupportedLoaderError`
 rather than silently resumed wrong.
@@ -20,6 +22,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler as TorchdataRandomSampler
 
 from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
 
 __all__ = ["make_resumable"]
@@ -38,7 +41,7 @@ def _shuffle_of(sampler: object) -> bool:
         return True
     if isinstance(sampler, SequentialSampler):
         return False
-    if isinstance(sampler, DistributedSampler):
+    if isinstance(sampler, DistributedSampler):  # ResumableSampler included
         return bool(sampler.shuffle)
     raise UnsupportedLoaderError(
         f"the train loader's sampler is a {type(sampler).__name__}; only shuffle=True/False, RandomSampler,"
@@ -46,8 +49,13 @@ def _shuffle_of(sampler: object) -> bool:
     )
 
 
-def make_resumable(loader: object, *, seed: int, num_replicas: int, rank: int) -> DataLoader[Any]:
-    """Return ``loader`` rebuilt around a :class:`ResumableSampler` (or as it is, if it has one).
+def make_resumable(
+    loader: object, *, seed: int, num_replicas: int, rank: int, seed_samples: bool = True
+) -> DataLoader[Any]:
+    """Return ``loader`` rebuilt around a keyed :class:`ResumableSampler` and a :class:`SampleSeededDataset`.
+
+    ``seed_samples=False`` leaves the global generators alone while fetching (``sample_rng()`` still
+    works). A loader that this function built already is returned as it is.
 
     Raises:
         UnsupportedLoaderError: the loader cannot be made exactly resumable; the message says why.
@@ -57,7 +65,7 @@ def make_resumable(loader: object, *, seed: int, num_replicas: int, rank: int) -
             f"train_dataloader() returned a {type(loader).__name__}; a ResumableDataModule supports one"
             " torch DataLoader or torchdata StatefulDataLoader (several train loaders are not supported yet)"
         )
-    if isinstance(loader.sampler, ResumableSampler):
+    if isinstance(loader.dataset, SampleSeededDataset):
         return loader
     if type(loader) not in (DataLoader, StatefulDataLoader):
         raise UnsupportedLoaderError(
@@ -86,13 +94,14 @@ def make_resumable(loader: object, *, seed: int, num_replicas: int, rank: int) -
         seed=seed,
         drop_last=False,
         batch_size=loader.batch_size,
+        sample_keys=True,
     )
     extra: dict[str, Any] = {}
     if loader.num_workers > 0:
         extra["prefetch_factor"] = loader.prefetch_factor
         extra["persistent_workers"] = loader.persistent_workers
     return DataLoader(
-        dataset,
+        SampleSeededDataset(dataset, seed_globals=seed_samples),
         batch_size=loader.batch_size,
         sampler=sampler,
         num_workers=loader.num_workers,

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from lightning_resumable.order import MAX_SIZE, EpochOrder
+from lightning_resumable.randomness import SampleKey, sample_seeds
 from lightning_resumable.state import DataState
 
 __all__ = ["ResumableSampler"]
@@ -28,7 +29,7 @@ enough to stay in cache. The first chunks are smaller (from ``_FIRST_CHUNK``, gr
 the first batch after a restore costs microseconds."""
 
 
-class ResumableSampler(DistributedSampler[int]):
+class ResumableSampler(DistributedSampler[Any]):
     """Exactly resumable replacement for ``DistributedSampler``.
 
     The epoch order is :class:`~lightning_resumable.order.EpochOrder` keyed by ``(seed, epoch)``.
@@ -50,6 +51,15 @@ class ResumableSampler(DistributedSampler[int]):
         seed: the shuffle seed; part of the persisted state.
         drop_last: drop the tail that does not divide evenly across ranks instead of padding.
         batch_size: samples per batch on each rank; converts the trainer's batch counts to positions.
+        sample_keys: yield ``(index, sample seed)`` pairs instead of indices, the seed derived from
+            ``(seed, epoch, global position)``, for a
+            :class:`~lightning_resumable.randomness.SampleSeededDataset` to fetch each sample under its
+            own seed.
+
+    A restore (:meth:`load_state_dict`) applies to the next iteration only; a later pass of the same
+    epoch is the whole epoch, as with ``DistributedSampler``. A state saved after the epoch's last
+    sample restores as "this epoch is complete": the next iteration yields nothing, until
+    :meth:`set_epoch` selects another epoch.
 
     Example::
 
@@ -72,6 +82,7 @@ class ResumableSampler(DistributedSampler[int]):
         seed: int = 0,
         drop_last: bool = False,
         batch_size: int = 1,
+        sample_keys: bool = False,
     ) -> None:
         super().__init__(
             dataset,  # type: ignore[arg-type]  # torch annotates Dataset; any Sized works
@@ -87,13 +98,15 @@ class ResumableSampler(DistributedSampler[int]):
             raise ValueError(f"datasets of up to 2**40 samples are supported, got {len(dataset)}")
         self.batch_size = batch_size
         self.dataset_size = len(dataset)
-        # Where the current epoch's stream starts: 0 for a fresh epoch, the restored global position
-        # (and the trainer's batch count at that position) after load_state_dict.
+        self.sample_keys = sample_keys
+        # Where the current (or next) iteration's stream starts: 0 for a fresh pass, the restored
+        # global position (and the trainer's batch count at that position) after load_state_dict.
         self._origin_position = 0
         self._origin_batches = 0
+        self._origin_is_restored = False
         self._consumed_batches: int | None = None
         # (indices handed out before the current chunk, chunk size, iterator over the chunk)
-        self._chunk: tuple[int, int, Iterator[int]] = (0, 0, iter(()))
+        self._chunk: tuple[int, int, Iterator[Any]] = (0, 0, iter(()))
 
     # ----------------------------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int) -> None:
@@ -102,9 +115,13 @@ class ResumableSampler(DistributedSampler[int]):
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         if epoch != self.epoch:
             self.epoch = epoch
-            self._origin_position = 0
-            self._origin_batches = 0
-            self._consumed_batches = None
+            self._start_fresh_pass()
+
+    def _start_fresh_pass(self) -> None:
+        self._origin_position = 0
+        self._origin_batches = 0
+        self._origin_is_restored = False
+        self._consumed_batches = None
 
     # -------------------------------------------------------------------------------- iteration
     def _samples_per_rank(self) -> int:
@@ -122,7 +139,7 @@ class ResumableSampler(DistributedSampler[int]):
         """
         return self._origin_batches * self.batch_size + self._samples_per_rank()
 
-    def _chunks(self) -> Iterator[Iterator[int]]:
+    def _chunks(self) -> Iterator[Iterator[int | SampleKey]]:
         """Iterators over consecutive chunks of this rank's indices, computed one vectorised pass each."""
         stride = self.num_replicas
         start = self._origin_position + self.rank
@@ -136,17 +153,25 @@ class ResumableSampler(DistributedSampler[int]):
             chunk_stop = min(chunk_start + chunk_size * stride, stop)
             positions = torch.arange(chunk_start, chunk_stop, stride)
             chunk_start, chunk_size = chunk_stop, min(chunk_size * 4, _CHUNK)
+            # Seeds are keyed by the position before padding wraps it, so a padded repeat of an index
+            # draws other augmentations than its first occurrence.
+            seeds = sample_seeds(self.seed, self.epoch, positions).tolist() if self.sample_keys else None
             if positions[-1] >= self.dataset_size:
                 # Padding wraps around to the start of the epoch order, as DistributedSampler does.
                 wrapped = (positions - self.dataset_size) % self.dataset_size
                 positions = torch.where(positions >= self.dataset_size, wrapped, positions)
-            chunk = order(positions).tolist()
+            indices = order(positions).tolist()
+            chunk: list[Any] = indices if seeds is None else list(zip(indices, seeds, strict=True))
             chunk_iterator = iter(chunk)
             self._chunk = (handed_out_before, len(chunk), chunk_iterator)
             yield chunk_iterator
             handed_out_before += len(chunk)
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[Any]:
+        if self._origin_is_restored:
+            self._origin_is_restored = False  # this pass starts at the restored position; later ones at 0
+        else:
+            self._start_fresh_pass()
         self._chunk = (0, 0, iter(()))
         # chain hands out the indices at C speed; the chunk iterator it is draining is the one in
         # self._chunk, so the count of indices handed out stays exact.
@@ -196,7 +221,10 @@ class ResumableSampler(DistributedSampler[int]):
         return self.data_state().to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Start the saved epoch at the saved global position on the next ``iter()``.
+        """Start the saved epoch at the saved global position on the next ``iter()`` (that one only).
+
+        A state at or past the epoch's last sample restores as a complete epoch: the next ``iter()``
+        yields nothing.
 
         Raises:
             StateFormatError: the state is malformed.
@@ -208,14 +236,9 @@ class ResumableSampler(DistributedSampler[int]):
         self.epoch = saved.epoch
         self._consumed_batches = None
         self._chunk = (0, 0, iter(()))
-        if saved.position >= self.dataset_size:
-            # Nothing of the saved epoch remains (only padding): the next epoch starts fresh.
-            self.epoch = saved.epoch + 1
-            self._origin_position = 0
-            self._origin_batches = 0
-        else:
-            self._origin_position = saved.position
-            self._origin_batches = saved.batches
+        self._origin_position = saved.position
+        self._origin_batches = saved.batches
+        self._origin_is_restored = True
 
     @property
     def origin(self) -> tuple[int, int, int]:

@@ -1,0 +1,224 @@
+"""Randomness that survives a restart: per-sample seeds for the data, per-step seeds for training.
+
+Promise: a sample's random draws are a pure function of ``(seed, epoch, global position)``, and a
+training step's are a pure function of ``(seed, epoch, batch index)``. Neither depends on
+``num_workers``, worker id, rank, world size, persistent workers, prefetching, when an iterator was
+created, or whether the run was interrupted. Nothing is persisted: the seeds are derived again.
+
+- :func:`sample_seeds` gives each position of an epoch its own 63-bit seed (vectorised, computed by
+  the sampler together with the order).
+- :class:`SampleSeededDataset` wraps the user's dataset: before each sample is fetched it seeds the
+  global generators that augmentation code draws from (torch's default CPU generator, Python's
+  ``random``, NumPy's global ``RandomState``). In the main process (``num_workers=0``) it restores
+  their state after the batch, so fetching does not disturb the training step's stream.
+- :func:`sample_rng` is the explicit API: a ``torch.Generator`` and a ``numpy.random.Generator`` of
+  the sample being fetched, as Grain gives each record its own RNG.
+- :func:`seed_training_step` reseeds the global generators (and CUDA's, where initialised) at the
+  start of each training step.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+from lightning_resumable.errors import NotInSampleFetchError
+from lightning_resumable.order import _hash32, _splitmix64
+
+__all__ = [
+    "SampleKey",
+    "SampleRng",
+    "SampleSeededDataset",
+    "sample_rng",
+    "sample_seeds",
+    "seed_global_generators",
+    "seed_training_step",
+    "step_seed",
+]
+
+SampleKey = tuple[int, int]
+"""What the sampler hands to :class:`SampleSeededDataset` per sample: ``(dataset index, sample seed)``."""
+
+_MASK32 = 0xFFFFFFFF
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+# Domain separators, so that sample seeds, step seeds and the shuffle order never share key material.
+_SAMPLE_DOMAIN = 0x5A4D504C45  # "SAMPLE"
+_STEP_DOMAIN = 0x53544550  # "STEP"
+_EXPLICIT_TORCH = 0x9E3779B97F4A7C15
+_EXPLICIT_NUMPY = 0xD1B54A32D192ED03
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+# ------------------------------------------------------------------------------------------ seeds
+def sample_seeds(seed: int, epoch: int, positions: torch.Tensor) -> torch.Tensor:
+    """The seed of each global position of an epoch, as non-negative int64 values below 2**63.
+
+    Within an epoch, positions below 2**32 get distinct low 32 bits (each step is a bijection of
+    32-bit values), so no two samples of an epoch of up to 4B samples share torch's seed.
+    """
+    key = _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ _SAMPLE_DOMAIN) ^ epoch)
+    low_key, high_key = key & _MASK32, key >> 32
+    low = _hash32((positions & _MASK32) ^ low_key)
+    low = _hash32(low ^ (positions >> 32) ^ high_key)  # positions >> 32 is 0 below 4B samples
+    high = _hash32(low ^ low_key) >> 1  # 31 bits, so the int64 stays non-negative
+    return (high << 32) | low
+
+
+def step_seed(seed: int, epoch: int, batch_index: int) -> int:
+    """The seed of one training step: the same on every rank, as ``seed_everything`` makes it."""
+    mixed = _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ _STEP_DOMAIN) ^ epoch)
+    return _splitmix64(mixed ^ batch_index) >> 1
+
+
+def seed_global_generators(seed: int) -> None:
+    """Seed torch's default CPU generator, Python's ``random`` and NumPy's global ``RandomState``.
+
+    Each generator gets other bits of ``seed`` (torch uses 32 of them, NumPy's legacy seeding takes
+    32), so their streams are not copies of one another. ``torch.manual_seed`` is not used: it also
+    seeds every accelerator backend and costs about 100 times more.
+    """
+    torch.default_generator.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed((seed >> 32) & _MASK32)
+
+
+def seed_training_step(seed: int, epoch: int, batch_index: int) -> None:
+    """Reseed the generators a training step draws from (dropout, random layers), CUDA's included."""
+    derived = step_seed(seed, epoch, batch_index)
+    seed_global_generators(derived)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        torch.cuda.manual_seed(derived)
+
+
+class _GlobalGeneratorState:
+    """A snapshot of the three global generators, to put back after a fetch in the main process."""
+
+    def __init__(self) -> None:
+        self.torch_state = torch.default_generator.get_state()
+        self.python_state = random.getstate()
+        self.numpy_state = np.random.get_state()
+
+    def restore(self) -> None:
+        torch.default_generator.set_state(self.torch_state)
+        random.setstate(self.python_state)
+        np.random.set_state(self.numpy_state)
+
+
+# ------------------------------------------------------------------------------- the explicit API
+class SampleRng:
+    """The random generators of one sample: seeded from ``(seed, epoch, global position)``.
+
+    ``torch`` and ``numpy`` are created on first use and kept for the rest of the sample's fetch, so
+    successive draws continue one stream. They are independent of the global generators that
+    :class:`SampleSeededDataset` seeds for the same sample.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._torch: torch.Generator | None = None
+        self._numpy: np.random.Generator | None = None
+
+    @property
+    def torch(self) -> torch.Generator:
+        """A CPU ``torch.Generator`` for this sample."""
+        if self._torch is None:
+            self._torch = torch.Generator().manual_seed(_splitmix64(self.seed ^ _EXPLICIT_TORCH))
+        return self._torch
+
+    @property
+    def numpy(self) -> np.random.Generator:
+        """A ``numpy.random.Generator`` (Philox) for this sample."""
+        if self._numpy is None:
+            self._numpy = np.random.Generator(np.random.Philox(key=_splitmix64(self.seed ^ _EXPLICIT_NUMPY)))
+        return self._numpy
+
+
+_current: SampleRng | int | None = None
+"""The sample being fetched in this process: its seed, or its :class:`SampleRng` once asked for."""
+
+
+def sample_rng() -> SampleRng:
+    """The generators of the sample being fetched; call it inside your dataset's ``__getitem__``.
+
+    Example::
+
+        def __getitem__(self, index):
+            rng = lightning_resumable.sample_rng()
+            top, left = torch.randint(0, 32, (2,), generator=rng.torch).tolist()
+            flip = rng.numpy.random() < 0.5
+
+    Raises:
+        NotInSampleFetchError: called outside a fetch by a loader that a ``ResumableDataModule`` built.
+    """
+    global _current
+    if _current is None:
+        raise NotInSampleFetchError(
+            "sample_rng() was called outside a sample fetch: it works inside the __getitem__ of a dataset"
+            " whose train loader a ResumableDataModule built"
+        )
+    if isinstance(_current, int):
+        _current = SampleRng(_current)
+    return _current
+
+
+# ---------------------------------------------------------------------------- the dataset wrapper
+class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
+    """A pass-through wrapper that fetches each sample under its own seed.
+
+    It takes :data:`SampleKey` pairs ``(index, sample seed)`` from a
+    :class:`~lightning_resumable.ResumableSampler` built with ``sample_keys=True``; a plain integer
+    index is passed to the wrapped dataset unchanged, unseeded. Attributes it does not have are read
+    from the wrapped dataset, which is ``.dataset``.
+
+    A batch is fetched sample by sample through ``__getitem__``, each under its own seed, even if the
+    wrapped dataset defines ``__getitems__`` (PyTorch defines that as a faster equivalent).
+
+    Args:
+        dataset: the user's map-style dataset.
+        seed_globals: seed the global generators before each sample. ``False`` keeps only
+            :func:`sample_rng` (whose seeds cost nothing until asked for).
+    """
+
+    def __init__(self, dataset: Dataset[T_co], seed_globals: bool = True) -> None:
+        self.dataset = dataset
+        self.seed_globals = seed_globals
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]  # map-style datasets are sized
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not set yet (unpickling): don't recurse
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, key: SampleKey | int) -> T_co:
+        if isinstance(key, int):
+            return self.dataset[key]
+        return self.fetch([key])[0]
+
+    def __getitems__(self, keys: Sequence[SampleKey]) -> list[T_co]:
+        return self.fetch(keys)
+
+    def fetch(self, keys: Sequence[SampleKey], seed_globals: bool | None = None) -> list[T_co]:
+        """The samples at ``keys``, each under its own seed; the main process's generators are restored."""
+        global _current
+        seed_globals = self.seed_globals if seed_globals is None else seed_globals
+        saved = _GlobalGeneratorState() if seed_globals and get_worker_info() is None else None
+        samples = []
+        try:
+            for index, seed in keys:
+                _current = seed
+                if seed_globals:
+                    seed_global_generators(seed)
+                samples.append(self.dataset[index])
+        finally:
+            _current = None
+            if saved is not None:
+                saved.restore()
+        return samples

@@ -1,0 +1,192 @@
+"""A resume that checks itself: a fingerprint of the batch each rank trains next.
+
+Promise: when a checkpoint is written, every rank records two 8-byte digests of the batch it would
+train next: one of its sample keys (dataset indices and per-sample seeds), one of its content (the
+collated batch). After a restore, before anything trains, the same batches are fetched again from
+the restored state and compared. A dataset re-listed in another order, data regenerated with the
+same length, or a changed transform is refused with :class:`ResumeVerificationError`.
+
+The batch is fetched by the library itself, in the main process, each sample under its own seed
+(whatever the callback's ``seed_samples``), then collated by the loader's ``collate_fn``: the path is
+the same at save and at resume, so it does not depend on Lightning's prefetching or device hooks.
+Because keys are global positions, a checkpoint written on ``W`` ranks is verified on any world size:
+rank ``j`` of the resumed run re-fetches the batches of the saving ranks ``j, j + W', ...``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import pickle
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from lightning_resumable.errors import ResumeVerificationError, StateFormatError
+from lightning_resumable.randomness import SampleKey, SampleSeededDataset
+from lightning_resumable.sampler import ResumableSampler
+from lightning_resumable.state import DataState
+
+__all__ = ["BatchFingerprint", "all_gather_objects", "check_fingerprints", "fingerprint_next_batch"]
+
+_DIGEST_BYTES = 8
+
+
+@dataclass(frozen=True)
+class BatchFingerprint:
+    """Digests (16 hex digits each) of one rank's next batch: its sample keys and its content."""
+
+    ids: str
+    content: str
+
+    def to_list(self) -> list[str]:
+        return [self.ids, self.content]
+
+    @classmethod
+    def from_list(cls, raw: object) -> BatchFingerprint:
+        """Parse the persisted form, a list of two 16-digit hex strings."""
+        if (
+            not isinstance(raw, list)
+            or len(raw) != 2
+            or not all(isinstance(d, str) and len(d) == 2 * _DIGEST_BYTES for d in raw)
+        ):
+            raise StateFormatError(f"a batch fingerprint must be two 16-digit hex strings, got {raw!r}")
+        try:
+            bytes.fromhex(raw[0] + raw[1])
+        except ValueError:
+            raise StateFormatError(f"a batch fingerprint must be hex, got {raw!r}") from None
+        return cls(ids=raw[0], content=raw[1])
+
+
+# ----------------------------------------------------------------------------------- digests
+def _feed(digest: Any, value: object) -> None:
+    """Feed a canonical byte form of a (nested) batch into ``digest``: type, shape and raw bytes."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu()
+        tensor = (tensor.to_dense() if tensor.is_sparse else tensor).contiguous()
+        digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(value, np.ndarray) and value.dtype != object:
+        digest.update(f"A{value.dtype.str}{value.shape}".encode())
+        digest.update(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
+    elif value is None or isinstance(value, (bool, int, float, complex, str, bytes, np.generic)):
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
+    elif isinstance(value, Mapping):
+        digest.update(f"M{len(value)}".encode())
+        for key, item in value.items():
+            _feed(digest, key)
+            _feed(digest, item)
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"L{type(value).__name__}{len(value)}".encode())
+        for item in value:
+            _feed(digest, item)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        digest.update(f"D{type(value).__qualname__}".encode())
+        for field in dataclasses.fields(value):
+            _feed(digest, getattr(value, field.name))
+    else:
+        try:
+            digest.update(pickle.dumps(value, protocol=4))
+        except Exception as error:
+            raise ResumeVerificationError(
+                f"cannot fingerprint a batch element of type {type(value).__name__} ({error}); pass"
+                " ResumableDataCallback(verify=False) to resume without verification"
+            ) from error
+
+
+def digest_of(value: object) -> str:
+    """A 16-hex-digit BLAKE2b digest of a nested batch (tensors, arrays, numbers, strings, containers)."""
+    digest = hashlib.blake2b(digest_size=_DIGEST_BYTES)
+    _feed(digest, value)
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------- the batch
+def next_batch_keys(state: DataState, rank: int, world_size: int) -> list[SampleKey]:
+    """The sample keys of the batch that ``rank`` of ``world_size`` trains next from ``state``."""
+    peek = ResumableSampler(
+        range(state.dataset_size),
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=state.shuffle,
+        seed=state.seed,
+        drop_last=state.drop_last,
+        batch_size=state.batch_size,
+        sample_keys=True,
+    )
+    peek.set_epoch(state.epoch)
+    peek.load_state_dict(state.to_dict())
+    return list(itertools.islice(iter(peek), state.batch_size))
+
+
+def fingerprint_next_batch(loader: DataLoader[Any], state: DataState, rank: int, world_size: int) -> BatchFingerprint:
+    """Fetch and collate the batch ``rank`` trains next from ``state``, and digest its keys and content.
+
+    The main process's global generators are left as they were.
+    """
+    dataset = loader.dataset
+    if not isinstance(dataset, SampleSeededDataset):
+        raise TypeError(f"the loader's dataset must be a SampleSeededDataset, got {type(dataset).__name__}")
+    keys = next_batch_keys(state, rank, world_size)
+    samples = dataset.fetch(keys, seed_globals=True)
+    batch = loader.collate_fn(samples) if samples else None
+    return BatchFingerprint(ids=digest_of(keys), content=digest_of(batch))
+
+
+# ------------------------------------------------------------------------------- across ranks
+def all_gather_objects(value: Any) -> list[Any]:
+    """``value`` of every rank, in rank order (``[value]`` without a process group)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def check_fingerprints(
+    loader: DataLoader[Any], state: DataState, saved: Sequence[BatchFingerprint], rank: int, world_size: int
+) -> None:
+    """Re-fetch the saving ranks' next batches (spread over the current ranks) and compare; collective.
+
+    Raises:
+        ResumeVerificationError: on every rank, naming each saving rank whose batch differs.
+    """
+    local = {
+        saving_rank: fingerprint_next_batch(loader, state, saving_rank, state.world_size)
+        for saving_rank in range(rank, state.world_size, world_size)
+    }
+    now: dict[int, BatchFingerprint] = {}
+    for part in all_gather_objects(local):
+        now.update(part)
+    problems = []
+    for saving_rank, expected in enumerate(saved):
+        got = now[saving_rank]
+        if got == expected:
+            continue
+        if got.ids != expected.ids:
+            what = (
+                f"its sample keys (dataset indices and per-sample seeds) differ (digest {got.ids} now, {expected.ids}"
+                " in the checkpoint): the sample order is not the one the checkpoint was written with"
+            )
+        else:
+            what = (
+                f"it has the same sample keys but different content (digest {got.content} now, {expected.content}"
+                " in the checkpoint): the dataset's content, its order on disk or its transforms changed since"
+                " the checkpoint was written"
+            )
+        problems.append(f"rank {saving_rank}: {what}")
+    if problems:
+        raise ResumeVerificationError(
+            f"the batch after the checkpoint (epoch {state.epoch}, global position {state.position} of"
+            f" {state.dataset_size}, written on {state.world_size} processes) is not the batch the checkpoint"
+            " recorded; training on would not continue the interrupted run. "
+            + "; ".join(problems)
+            + ". If the dataset cannot return the same content twice under a fixed seed (it reads the clock or"
+            " a changing source), pass ResumableDataCallback(verify=False)"
+        )
