@@ -7,7 +7,7 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,9 @@ TRAIN_SCRIPT = Path(__file__).with_name("train.py")
 RUN_TIMEOUT_S = 300
 
 Records = dict[int, list[dict[str, Any]]]
-"""Per rank, the completed training steps in order: epoch, batch index, sample ids."""
+"""Per rank, the completed training steps in order: epoch, batch index, sample ids, augmentation
+values and loss."""
+FIELDS = ("epoch", "batch", "ids", "aug", "loss")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,9 @@ class Scenario:
     batch of the epoch), ``in_step`` (inside ``training_step``; the resume re-runs that batch),
     ``validation`` (at the end of a mid-epoch validation). ``estimated_stepping_batches`` makes
     ``configure_optimizers`` read it, which builds the loaders before the checkpoint is restored.
+    ``callback_options`` are ``ResumableDataCallback``'s keyword arguments; they change the stream,
+    so scenarios share runs only with equal options. ``relist_on_resume`` makes the resumed run's
+    dataset read its rows in another order (its stopped and uninterrupted runs are the base ones).
     """
 
     world_size: int
@@ -43,7 +48,8 @@ class Scenario:
     stop_epoch: int = 1
     seed: int | None = 1234
     resume_world_size: int | None = None
-    callback_kwargs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    callback_options: tuple[tuple[str, bool], ...] = ()
+    relist_on_resume: bool = False
 
     @property
     def batches_per_epoch(self) -> int:
@@ -67,7 +73,7 @@ class Scenario:
             stop_kind="batch_end",
             estimated_stepping_batches=False,  # changes when loaders are built, not what they yield
             resume_world_size=None,
-            callback_kwargs={},
+            relist_on_resume=False,
             persistent_workers=persistent,
         )
 
@@ -84,6 +90,9 @@ class Scenario:
             parts.insert(2, "persistent")
         if self.estimated_stepping_batches:
             parts.append("est_steps")
+        parts += [f"{name}={value}" for name, value in self.callback_options]
+        if self.relist_on_resume:
+            parts.append("relisted")
         if not self.resumable:
             parts.append("CONTROL")
         return "-".join(parts)
@@ -103,9 +112,17 @@ def _config(scenario: Scenario, phase: str, run_dir: Path, checkpoint: Path, wor
 
 
 def run_phase(
-    scenario: Scenario, phase: str, run_dir: Path, checkpoint: Path, world_size: int | None = None
+    scenario: Scenario,
+    phase: str,
+    run_dir: Path,
+    checkpoint: Path,
+    world_size: int | None = None,
+    expect_failure: bool = False,
 ) -> Records:
-    """Run one phase as a fresh process tree and return what each rank recorded."""
+    """Run one phase as a fresh process tree and return what each rank recorded.
+
+    With ``expect_failure`` the phase must exit non-zero (within the timeout: no rank may hang).
+    """
     world_size = world_size or scenario.world_size
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / f"{phase}.json"
@@ -123,6 +140,10 @@ def run_phase(
             stderr=subprocess.STDOUT,
             timeout=RUN_TIMEOUT_S,
         ).returncode
+    if expect_failure:
+        if returncode == 0:
+            raise AssertionError(f"{scenario.label()} phase {phase} was expected to fail and exited 0")
+        return read_records(run_dir, phase, world_size)
     if returncode != 0:
         raise AssertionError(f"{scenario.label()} phase {phase} exited {returncode}:\n{log_path.read_text()[-4000:]}")
     if phase == "stop" and not checkpoint.exists():
@@ -158,11 +179,22 @@ class Outcome:
                 )
             for step, (want, got) in enumerate(zip(expected, actual, strict=False)):
                 if want != got:
-                    problems.append(f"rank {rank} step {step}: expected {want}, got {got}")
+                    fields = [name for name in FIELDS if want.get(name) != got.get(name)]
+                    problems.append(f"rank {rank} step {step} differs in {fields}: expected {want}, got {got}")
                     break
             if len(expected) != len(actual):
                 problems.append(f"rank {rank}: expected {len(expected)} steps, got {len(actual)}")
         return problems
+
+    def differing_fields(self) -> set[str]:
+        """The record fields that differ between the uninterrupted and the stopped + resumed steps."""
+        return {
+            name
+            for rank, expected in self.full.items()
+            for want, got in zip(expected, self.stopped[rank] + self.resumed[rank], strict=False)
+            for name in FIELDS
+            if want.get(name) != got.get(name)
+        }
 
 
 class Runner:
@@ -173,6 +205,7 @@ class Runner:
         self.root = root
         self._full: dict[Scenario, Records] = {}
         self._stopped: dict[Scenario, Records] = {}
+        self._resumed: dict[tuple[Scenario, int], Records] = {}
         self._outcomes: dict[Scenario, Outcome] = {}
 
     def full(self, scenario: Scenario) -> Records:
@@ -183,20 +216,25 @@ class Runner:
         return self._full[key]
 
     def stopped(self, scenario: Scenario) -> Records:
-        key = replace(scenario, resume_world_size=None, callback_kwargs={})
+        key = replace(scenario, resume_world_size=None, relist_on_resume=False)
         if key not in self._stopped:
             run_dir = self.root / key.label()
             self._stopped[key] = run_phase(key, "stop", run_dir, self.checkpoint(key))
         return self._stopped[key]
 
     def checkpoint(self, scenario: Scenario) -> Path:
-        return self.root / replace(scenario, resume_world_size=None).label() / "stop.ckpt"
+        return self.root / replace(scenario, resume_world_size=None, relist_on_resume=False).label() / "stop.ckpt"
 
-    def resumed(self, scenario: Scenario) -> Records:
-        self.stopped(scenario)
-        run_dir = self.root / scenario.label()
-        phase = f"resume-on-{scenario.resume_world_size or scenario.world_size}"
-        return run_phase(scenario, phase, run_dir, self.checkpoint(scenario), scenario.resume_world_size)
+    def resumed(self, scenario: Scenario, attempt: int = 1, expect_failure: bool = False) -> Records:
+        """Resume the scenario's stopped run; each ``attempt`` is a run of its own, run once."""
+        if (scenario, attempt) not in self._resumed:
+            self.stopped(scenario)
+            run_dir = self.root / scenario.label()
+            phase = f"resume-on-{scenario.resume_world_size or scenario.world_size}-attempt{attempt}"
+            self._resumed[scenario, attempt] = run_phase(
+                scenario, phase, run_dir, self.checkpoint(scenario), scenario.resume_world_size, expect_failure
+            )
+        return self._resumed[scenario, attempt]
 
     def run(self, scenario: Scenario) -> Outcome:
         if scenario not in self._outcomes:

@@ -1,8 +1,11 @@
 """End to end: a 2-process run stopped mid-epoch resumes on 3 processes and on 1.
 
 The interrupted epoch, before and after the stop, trains every sample once (plus the documented
-DistributedSampler-style padding of the remainder on the new world size), every new rank trains the
-same number of batches, and the following epochs equal an uninterrupted run on the new world size.
+DistributedSampler-style padding of the remainder on the new world size), each with the augmentation
+it had in the uninterrupted run on 2 processes, every new rank trains the same number of batches,
+and the following epochs read what an uninterrupted run on the new world size reads. Losses after a
+world-size change cannot equal any uninterrupted run's, but they are deterministic: the same elastic
+resume run twice gives bit-identical records.
 """
 
 from __future__ import annotations
@@ -21,8 +24,23 @@ def ids_in_epoch(records: Records, epoch: int) -> list[int]:
     return [i for rank_records in records.values() for r in rank_records if r["epoch"] == epoch for i in r["ids"]]
 
 
-def steps_after_epoch(records: Records, epoch: int) -> dict[int, list[dict[str, object]]]:
-    return {rank: [r for r in rank_records if r["epoch"] > epoch] for rank, rank_records in records.items()}
+def data_after_epoch(records: Records, epoch: int) -> dict[int, list[tuple[object, ...]]]:
+    """Per rank, what each later step read: epoch, batch, ids and augmentations (not the loss)."""
+    return {
+        rank: [(r["epoch"], r["batch"], r["ids"], r["aug"]) for r in rank_records if r["epoch"] > epoch]
+        for rank, rank_records in records.items()
+    }
+
+
+def augmentation_by_id(*runs: Records, epoch: int) -> dict[int, list[list[float]]]:
+    """Sample id -> its augmentations in the epoch, in the order of ``runs`` (padding repeats an id)."""
+    found: dict[int, list[list[float]]] = {}
+    for rank_records in (records for run in runs for records in run.values()):
+        for record in rank_records:
+            if record["epoch"] == epoch:
+                for sample, values in zip(record["ids"], record["aug"], strict=True):
+                    found.setdefault(sample, []).append(values)
+    return found
 
 
 @pytest.mark.parametrize("new_world_size", [3, 1])
@@ -42,4 +60,26 @@ def test_resume_on_another_world_size_trains_each_sample_of_the_epoch_once(runne
     assert len(batches_per_rank) == 1, f"new ranks trained different numbers of batches: {batches_per_rank}"
 
     fresh_on_new_size = runner.full(replace(scenario, world_size=new_world_size, resume_world_size=None))
-    assert steps_after_epoch(resumed, epoch) == steps_after_epoch(fresh_on_new_size, epoch)
+    assert data_after_epoch(resumed, epoch) == data_after_epoch(fresh_on_new_size, epoch)
+
+
+@pytest.mark.parametrize("new_world_size", [3, 1])
+def test_resume_on_another_world_size_keeps_every_samples_augmentation(runner: Runner, new_world_size: int) -> None:
+    scenario = replace(STOPPED_ON_TWO, resume_world_size=new_world_size)
+    epoch = scenario.stop_epoch
+    uninterrupted = augmentation_by_id(runner.full(scenario), epoch=epoch)
+    interrupted = augmentation_by_id(runner.stopped(scenario), runner.resumed(scenario), epoch=epoch)
+    assert all(len(values) == 1 for values in uninterrupted.values()), "38 samples on 2 ranks: no padding"
+    assert set(interrupted) == set(uninterrupted)
+    padding_ids = [sample for sample, values in interrupted.items() if len(values) > 1]
+    assert len(padding_ids) == (1 if new_world_size == 3 else 0)
+    for sample, values in interrupted.items():
+        assert values[0] == uninterrupted[sample][0], f"sample {sample} lost its augmentation"
+    for sample in padding_ids:
+        assert interrupted[sample][1] != interrupted[sample][0], "a padded repeat draws its own augmentation"
+
+
+def test_the_same_elastic_resume_twice_is_bit_identical(runner: Runner) -> None:
+    scenario = replace(STOPPED_ON_TWO, resume_world_size=1)
+    first = runner.resumed(scenario)
+    assert runner.resumed(scenario, attempt=2) == first

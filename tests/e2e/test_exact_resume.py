@@ -2,9 +2,11 @@
 
 Every scenario trains three ways: straight through; stopped right after saving a checkpoint (the
 process ends with ``os._exit``); resumed from that checkpoint. Per rank, the steps completed before
-the stop followed by the resumed steps must equal the uninterrupted steps: epoch, batch index and
-sample ids. The controls run the same harness without the library and must see a wrong stream, which
-shows the comparison can tell a wrong stream from a right one.
+the stop followed by the resumed steps must equal the uninterrupted steps, bit for bit: epoch, batch
+index, sample ids, each sample's augmentation values (drawn from torch, ``random`` and NumPy) and
+the loss (the model has dropout). The controls run the same harness without the library, or with
+one of its seedings turned off, and must see exactly the difference that the missing part causes,
+which shows the comparison can tell a wrong run from a right one.
 """
 
 from __future__ import annotations
@@ -67,6 +69,33 @@ def test_resumed_stream_equals_uninterrupted_stream(runner: Runner, scenario: Sc
 def test_control_without_the_library_is_detected_as_wrong(runner: Runner, scenario: Scenario) -> None:
     outcome = runner.run(scenario)
     assert outcome.stream_mismatches() != []
+    assert "ids" in outcome.differing_fields()
+
+
+# The issue's setup (2 processes, 2 workers, shuffle) with one kind of seeding turned off.
+SEEDING_CONTROLS = {
+    name: (difference, Scenario(world_size=2, num_workers=2, callback_options=((name, False),)))
+    for name, difference in [("seed_samples", {"aug", "loss"}), ("seed_steps", {"loss"})]
+}
+
+
+@pytest.mark.parametrize("turned_off", list(SEEDING_CONTROLS))
+def test_control_without_one_seeding_differs_in_exactly_what_it_seeds(runner: Runner, turned_off: str) -> None:
+    """Same ids either way; without per-sample seeds the augmentations (and so the losses) differ,
+    without per-step seeds only the losses (dropout masks) do."""
+    expected_difference, scenario = SEEDING_CONTROLS[turned_off]
+    assert runner.run(scenario).differing_fields() == expected_difference
+
+
+def test_a_dataset_relisted_before_the_resume_is_refused_before_any_step_trains(runner: Runner) -> None:
+    scenario = Scenario(world_size=2, num_workers=2, relist_on_resume=True)
+    resumed = runner.resumed(scenario, expect_failure=True)
+    assert resumed == {0: [], 1: []}, "a resumed step trained on the changed data"
+    log = next(runner.root.joinpath(scenario.label()).glob("resume-*.log")).read_text()
+    assert "ResumeVerificationError" in log
+    # Raised on every rank (none is left waiting in a collective), naming each saving rank.
+    assert "rank 0: it has the same sample keys but different content" in log
+    assert "rank 1: it has the same sample keys but different content" in log
 
 
 def test_drawn_seed_is_agreed_by_ranks_saved_and_reused(tmp_path: Path) -> None:
@@ -92,6 +121,8 @@ def test_checkpoint_loads_with_weights_only_and_holds_plain_values(runner: Runne
     state = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]
     assert json.loads(json.dumps(state)) == state
     assert (state["train"]["world_size"], state["train"]["epoch"]) == (3, scenario.stop_epoch)
+    assert len(state["next_batch"]) == 3, "every rank's fingerprint reaches the checkpoint"
+    assert len({tuple(fingerprint) for fingerprint in state["next_batch"]}) == 3
     # Inside training_step of the stop batch only the batches before it are done, on each of the 3 ranks.
     assert state["train"]["position"] == scenario.stop_batch * scenario.batch_size * 3
 

@@ -2,8 +2,13 @@
 
 Lightning's DDP launcher starts the other ranks by re-running this command, so the whole run is
 described by the config file. Each rank appends one JSON line per completed training step
-(epoch, batch index, sample ids) to ``{out_dir}/{phase}.rank{R}.jsonl``, flushed at once, so the
-records survive the abrupt end of a stopped run.
+(epoch, batch index, sample ids, each sample's augmentation values, the loss) to
+``{out_dir}/{phase}.rank{R}.jsonl``, flushed at once, so the records survive the abrupt end of a
+stopped run. Floats are written with ``repr``, so equal records mean bit-identical values.
+
+The dataset draws its augmentation the way augmentation libraries do (``torch.rand``,
+``random.random``, ``numpy.random.rand``), the model has dropout, and the trainer runs with
+``deterministic=True``: two uninterrupted runs are bit-identical.
 
 Phases: ``full`` trains straight through; ``stop`` saves a checkpoint at the configured point and
 ends the process at once with ``os._exit`` (no cleanup, no exception handling, like a kill);
@@ -14,12 +19,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -30,16 +37,22 @@ warnings.filterwarnings("ignore", category=UserWarning)
 
 
 class IdDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Sample ``i`` carries its own id, so every rank can log exactly which samples it trained on."""
+    """Sample ``i`` carries its own id and three random 'augmentation' values, one per global generator.
 
-    def __init__(self, size: int) -> None:
+    ``relisted`` reads the rows in another order, as a dataset whose files were listed anew would.
+    """
+
+    def __init__(self, size: int, relisted: bool = False) -> None:
         self.size = size
+        self.relisted = relisted
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.tensor(index), torch.full((4,), float(index % 7))
+        row = (index + 1) % self.size if self.relisted else index
+        augmentation = [torch.rand(()).item(), random.random(), float(np.random.rand())]
+        return torch.tensor(index), torch.tensor([float(row % 7), *augmentation])
 
 
 class Recorder:
@@ -70,14 +83,21 @@ class StepRecorder(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         assert self.recorder is not None
-        self.recorder.write({"epoch": trainer.current_epoch, "batch": batch_idx, "ids": batch[0].tolist()})
+        record = {
+            "epoch": trainer.current_epoch,
+            "batch": batch_idx,
+            "ids": batch[0].tolist(),
+            "aug": batch[1][:, 1:].tolist(),
+            "loss": outputs["loss"].item(),
+        }
+        self.recorder.write(record)
 
 
 class Model(L.LightningModule):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
         self.config = config
-        self.layer = torch.nn.Linear(4, 1)
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         stop = self.config["stop"]
@@ -91,10 +111,10 @@ class Model(L.LightningModule):
             ]
         ):
             stop_now(self.trainer, self.config["checkpoint"])
-        return self.layer(batch[1]).pow(2).mean()
+        return self.net(batch[1]).pow(2).mean()
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self.log("val_loss", self.layer(batch[1]).pow(2).mean(), sync_dist=True)
+        self.log("val_loss", self.net(batch[1]).pow(2).mean(), sync_dist=True)
 
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
@@ -125,7 +145,8 @@ class PlainData(L.LightningDataModule):
         self.config = config
 
     def train_dataloader(self) -> DataLoader[Any]:
-        dataset = IdDataset(self.config["dataset_size"])
+        relisted = self.config.get("relist_on_resume", False) and self.config["phase"].startswith("resume")
+        dataset = IdDataset(self.config["dataset_size"], relisted=relisted)
         return make_loader(self.config, dataset, self.config["shuffle"], self.config["drop_last"])
 
     def val_dataloader(self) -> DataLoader[Any]:
@@ -163,7 +184,7 @@ def main(config_path: str) -> None:
     torch.set_num_threads(1)
     callbacks: list[L.Callback] = [StepRecorder(config)]
     if config["resumable"]:
-        callbacks.append(ResumableDataCallback(**config.get("callback_kwargs", {})))
+        callbacks.append(ResumableDataCallback(**dict(config.get("callback_options", []))))
         datamodule: L.LightningDataModule = ResumableData(config)
     else:
         datamodule = PlainData(config)
@@ -175,6 +196,7 @@ def main(config_path: str) -> None:
         devices=world_size,
         strategy="ddp" if world_size > 1 else "auto",
         max_epochs=config["epochs"],
+        deterministic=True,
         callbacks=callbacks,
         val_check_interval=config.get("val_check_interval", 1.0),
         limit_val_batches=1,
