@@ -10,6 +10,12 @@
 3. Bytes the data state adds to a checkpoint.
 4. Per-step cost of the callback and mixin in a real Lightning run (steps per second with and
    without them, same data, alternating runs).
+5. Per-sample seeding: the cost per sample of seeding the three global generators (in a worker,
+   and in the main process, where their state is also saved and restored around each batch), of the
+   explicit ``sample_rng()`` generators, and of the per-step reseed, next to a realistic
+   ``__getitem__`` (random crop and flip of a 3x224x224 uint8 image).
+6. Resume verification: the cost of fingerprinting the next batch at a save and of checking it at
+   a resume, at batch sizes 32-256 of such images, next to ``torch.save`` of a ResNet-50-sized model.
 
 ``--quick`` runs smaller sizes, for a smoke test.
 """
@@ -30,7 +36,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from lightning_resumable import ResumableSampler
+from lightning_resumable import ResumableSampler, SampleSeededDataset, sample_rng
+from lightning_resumable.randomness import seed_global_generators, seed_training_step
+from lightning_resumable.state import DataState
+from lightning_resumable.verification import check_fingerprints, fingerprint_next_batch
 
 WORLD_SIZE = 2
 BATCH_SIZE = 32
@@ -268,11 +277,115 @@ def overhead_table(steps: int, rounds: int) -> None:
         print(f"   {variant:<22} median {median:>7,.0f} steps/s  {(plain - median) / plain:+6.1%} vs plain  ({runs})")
 
 
+# ---------------------------------------------------------------------------- 5. per-sample seeding
+class CropFlip(Dataset[torch.Tensor]):
+    """A realistic ``__getitem__``: a random 224x224 crop of a 3x256x256 uint8 image, flipped half the time."""
+
+    def __init__(self, size: int = 64, explicit_rng: bool = False) -> None:
+        self.images = torch.randint(0, 256, (8, 3, 256, 256), dtype=torch.uint8)
+        self.size = size
+        self.explicit_rng = explicit_rng
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        generator = sample_rng().torch if self.explicit_rng else None
+        top, left = torch.randint(0, 33, (2,), generator=generator).tolist()
+        crop = self.images[index % 8, :, top : top + 224, left : left + 224]
+        if torch.rand((), generator=generator) < 0.5:
+            crop = crop.flip(-1)
+        return crop.contiguous()
+
+
+def per_call_us(function: Any, calls: int, rounds: int) -> float:
+    """Best of ``rounds`` of the mean wall-clock microseconds per call."""
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            function()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def seeding_table(calls: int, rounds: int) -> None:
+    import torch.utils.data._utils as data_utils
+
+    plain = CropFlip()
+    wrapped = SampleSeededDataset(plain)
+    explicit = SampleSeededDataset(CropFlip(explicit_rng=True), seed_globals=False)
+    keys = [(index % 64, 10**12 + index) for index in range(32)]
+    getitem_us = per_call_us(lambda: [plain[index] for index, _ in keys], calls // 32, rounds) / 32
+    main_us = per_call_us(lambda: wrapped.fetch(keys), calls // 32, rounds) / 32
+    data_utils.worker._worker_info = object()  # type: ignore[attr-defined]  # pretend to be a worker
+    try:
+        worker_us = per_call_us(lambda: wrapped.fetch(keys), calls // 32, rounds) / 32
+    finally:
+        data_utils.worker._worker_info = None  # type: ignore[attr-defined]
+    explicit_us = per_call_us(lambda: explicit.fetch(keys), calls // 32, rounds) / 32
+    seed_us = per_call_us(lambda: seed_global_generators(123456789123), calls, rounds)
+    torch_manual_seed_us = per_call_us(lambda: torch.manual_seed(123456789123), calls // 10, rounds)
+    torch_rng_us = per_call_us(lambda: sample_rng_cost("torch"), calls, rounds)
+    numpy_rng_us = per_call_us(lambda: sample_rng_cost("numpy"), calls // 4, rounds)
+    step_us = per_call_us(lambda: seed_training_step(7, 3, 1234), calls, rounds)
+    print(f"\n5. Per-sample seeding (best of {rounds}; microseconds per sample, batches of 32)")
+    print(f"   realistic __getitem__ (random crop + flip, 3x224x224 uint8):   {getitem_us:7.1f} us")
+    print(f"   seeding torch CPU + random + NumPy, one call:                  {seed_us:7.1f} us")
+    print(f"     (torch.manual_seed alone, which also seeds accelerators:     {torch_manual_seed_us:7.1f} us)")
+    for label, total in [("in a worker", worker_us), ("in the main process (+ save/restore)", main_us)]:
+        added = total - getitem_us
+        print(f"   fetch with seeding, {label:<38}  {total:7.1f} us  ({added:+.1f} us, {added / getitem_us:+.1%})")
+    added = explicit_us - getitem_us
+    print(f"   fetch with sample_rng().torch only, no global seeding:         {explicit_us:7.1f} us  ({added:+.1f} us)")
+    print(f"   sample_rng().torch, first use in a sample:                     {torch_rng_us:7.1f} us")
+    print(f"   sample_rng().numpy (Philox, as Grain), first use in a sample:  {numpy_rng_us:7.1f} us")
+    print(f"   per-step reseed (seed_training_step, once per training step):  {step_us:7.1f} us")
+
+
+def sample_rng_cost(kind: str) -> None:
+    import lightning_resumable.randomness as randomness
+
+    randomness._current = 987654321
+    rng = sample_rng()
+    _ = rng.torch if kind == "torch" else rng.numpy
+    randomness._current = None
+
+
+# ------------------------------------------------------------------------------ 6. verification
+def verification_table(batch_sizes: list[int], rounds: int) -> None:
+    import io
+
+    from torch.utils.data import default_collate
+
+    print(f"\n6. Resume verification: fingerprint of the next batch (best of {rounds}; 1 process, crops as in 5)")
+    print(f"{'batch':>6} | {'at a save':>10} | {'at a resume':>11} | {'per sample':>10} | batch bytes")
+    print("-" * 62)
+    for batch_size in batch_sizes:
+        dataset = CropFlip(size=100_000)
+        loader = DataLoader(SampleSeededDataset(dataset), batch_size=batch_size, collate_fn=default_collate)
+        state = DataState(7, 3, 40_000, 40_000 // batch_size, 100_000, True, False, batch_size, 1)
+        saved = [fingerprint_next_batch(loader, state, 0, 1)]
+        save_ms = per_call_us(lambda: fingerprint_next_batch(loader, state, 0, 1), 3, rounds) / 1000  # noqa: B023
+        resume_ms = per_call_us(lambda: check_fingerprints(loader, state, saved, 0, 1), 3, rounds) / 1000  # noqa: B023
+        print(
+            f"{batch_size:>6} | {save_ms:>7.1f} ms | {resume_ms:>8.1f} ms | {save_ms * 1000 / batch_size:>7.0f} us |"
+            f" {batch_size * 3 * 224 * 224 / 1e6:.1f} MB"
+        )
+    weights = {f"layer{i}": torch.randn(1_000_000) for i in range(25)}  # 25M float32, ResNet-50-sized
+    buffer = io.BytesIO()
+    start = time.perf_counter()
+    torch.save(weights, buffer)
+    save_ms = (time.perf_counter() - start) * 1000
+    print(f"   for scale: torch.save of 25M float32 parameters (a ResNet-50) to memory: {save_ms:.0f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="lightning-resumable benchmarks")
     parser.add_argument("command", nargs="?", default="all", choices=["all", "restore-one"])
     parser.add_argument("args", nargs="*")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    parser.add_argument("--only", type=int, nargs="*", help="run only these numbered measurements")
     options = parser.parse_args()
     if options.command == "restore-one":
         method, size = options.args
@@ -280,16 +393,20 @@ def main() -> None:
         return
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread per process; times are wall-clock on this machine")
-    if options.quick:
-        restore_table([10**4, 10**5], alternatives_up_to=10**5)
-        throughput_table(10**5, repeats=2)
-        state_size_table()
-        overhead_table(steps=300, rounds=1)
-        return
-    restore_table([10**6, 10**7, 10**8, 10**9], alternatives_up_to=10**7)
-    throughput_table(10**7, repeats=5)
-    state_size_table()
-    overhead_table(steps=2000, rounds=6)
+    quick = options.quick
+    measurements = {
+        1: lambda: restore_table(
+            [10**4, 10**5] if quick else [10**6, 10**7, 10**8, 10**9], alternatives_up_to=10**5 if quick else 10**7
+        ),
+        2: lambda: throughput_table(10**5 if quick else 10**7, repeats=2 if quick else 5),
+        3: state_size_table,
+        4: lambda: overhead_table(steps=300 if quick else 2000, rounds=1 if quick else 6),
+        5: lambda: seeding_table(calls=640 if quick else 6400, rounds=1 if quick else 5),
+        6: lambda: verification_table([32] if quick else [32, 64, 128, 256], rounds=1 if quick else 3),
+    }
+    for number, measure in measurements.items():
+        if not options.only or number in options.only:
+            measure()
 
 
 if __name__ == "__main__":

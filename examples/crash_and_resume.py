@@ -1,10 +1,12 @@
 """Crash a 2-process DDP run mid-epoch with SIGKILL, resume it, and verify every rank's stream.
 
 Run: ``python examples/crash_and_resume.py`` (add ``--skip-plain`` to skip the plain-Lightning
-comparison). It trains a tiny model on a synthetic dataset whose samples carry their ids, three
-times per setup: straight through; killed with SIGKILL from outside while training (a checkpoint is
-written every 5 steps); resumed from the newest complete checkpoint. It then prints, per rank, how
-many resumed steps got the same sample ids as the uninterrupted run, and one verdict line.
+comparison). It trains a tiny model with dropout on a synthetic dataset whose samples carry their
+ids and a random augmentation (drawn from torch, ``random`` and NumPy, as augmentation libraries
+do), three times per setup: straight through; killed with SIGKILL from outside while training (a
+checkpoint is written every 5 steps); resumed from the newest complete checkpoint. It then prints,
+per rank, how many resumed steps got the same sample ids, the same augmentation values and the same
+loss (bit for bit) as the uninterrupted run, and one verdict line.
 
 The same is done for plain Lightning (``DataLoader(shuffle=True)``, no library) to show the bug.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, Dataset
@@ -40,17 +44,25 @@ STEP_SECONDS = 0.05  # a slow step, so the kill lands where we aim it
 
 
 # ---------------------------------------------------------------------------------- training side
-class IdDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+class AugmentedDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Sample ``index``: its id, and its features under a random augmentation (scale, noise, flip)."""
+
     def __len__(self) -> int:
         return DATASET_SIZE
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.tensor(index), torch.randn(8, generator=torch.Generator().manual_seed(index))
+        features = torch.randn(8, generator=torch.Generator().manual_seed(index))
+        features = features * (0.5 + torch.rand(()))  # torch's global generator
+        features = features + float(np.random.normal(scale=0.1))  # NumPy's global RandomState
+        if random.random() < 0.5:  # Python's random
+            features = features.flip(0)
+        return torch.tensor(index), features
 
 
 class PlainData(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(IdDataset(), batch_size=BATCH_SIZE, shuffle=True, num_workers=2, persistent_workers=True)
+        dataset = AugmentedDataset()
+        return DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=True, num_workers=2, persistent_workers=True)
 
 
 class ResumableData(ResumableDataModule, PlainData):  # the user's one-line change
@@ -61,15 +73,22 @@ class ResumableData(ResumableDataModule, PlainData):  # the user's one-line chan
 class Model(L.LightningModule):
     def __init__(self, record_path: str) -> None:
         super().__init__()
-        self.layer = torch.nn.Linear(8, 1)
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1))
         self.record_path = record_path
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         time.sleep(STEP_SECONDS)
-        return self.layer(batch[1]).pow(2).mean()
+        return self.net(batch[1]).pow(2).mean()
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        record = {"epoch": self.current_epoch, "batch": batch_idx, "ids": batch[0].tolist()}
+        # repr-exact floats: equal records mean bit-identical augmentations and losses
+        record = {
+            "epoch": self.current_epoch,
+            "batch": batch_idx,
+            "ids": batch[0].tolist(),
+            "aug": batch[1].tolist(),
+            "loss": outputs["loss"].item(),
+        }
         with open(f"{self.record_path}.rank{self.global_rank}.jsonl", "a") as file:
             file.write(json.dumps(record) + "\n")
 
@@ -91,6 +110,7 @@ def train(record_path: str, checkpoint_dir: str, resumable: bool, ckpt_path: str
         devices=WORLD_SIZE,
         strategy="ddp",
         max_epochs=EPOCHS,
+        deterministic=True,
         callbacks=callbacks,
         logger=False,
         enable_progress_bar=False,
@@ -162,24 +182,24 @@ def run_setup(resumable: bool) -> tuple[list[str], bool]:
     for rank in range(WORLD_SIZE):
         expected = full[rank][steps_done:]
         got = resumed[rank]
-        matching = sum(want == have for want, have in zip(expected, got, strict=False))
-        first_bad = next((i for i, (w, h) in enumerate(zip(expected, got, strict=False)) if w != h), None)
+        pairs = list(zip(expected, got, strict=False))
+        same = {name: sum(want[name] == have[name] for want, have in pairs) for name in ("ids", "aug", "loss")}
+        first_bad = next((i for i, (w, h) in enumerate(pairs) if w != h), None)
         rank_exact = before[rank] == full[rank][:steps_done] and got == expected
         exact &= rank_exact
         where = (
             "-" if first_bad is None else f"epoch {expected[first_bad]['epoch']} batch {expected[first_bad]['batch']}"
         )
-        rows.append(
-            f"  {rank:>4}  {steps_done:>13}  {len(got):>13}  {matching:>6}/{len(expected):<6}  {where:<22}"
-            f"  {'exact' if rank_exact else 'WRONG'}"
-        )
+        counts = "  ".join(f"{same[name]:>5}/{len(expected):<5}" for name in same)
+        verdict = "exact" if rank_exact else "WRONG"
+        rows.append(f"  {rank:>4}  {steps_done:>12}  {len(got):>13}  {counts}  {where:<19}  {verdict}")
     killed_at = f"killed after step {KILL_AT_STEP}, resumed from the checkpoint at step {steps_done}"
     return [killed_at, *rows], exact
 
 
 def print_table(title: str, rows: list[str]) -> None:
     print(f"\n{title}: {rows[0]}")
-    print("  rank  steps before   steps resumed   same ids       first wrong step        verdict")
+    print("  rank  steps before  steps resumed  same ids     same aug     same loss    first wrong step     verdict")
     for row in rows[1:]:
         print(row)
 
@@ -198,7 +218,8 @@ def main() -> None:
         return
 
     print(f"{WORLD_SIZE} DDP processes (gloo, CPU), {DATASET_SIZE} samples, batch {BATCH_SIZE}, {EPOCHS} epochs,")
-    print("shuffle=True, num_workers=2, persistent_workers=True; SIGKILL mid-epoch, resume from the checkpoint.")
+    print("shuffle=True, num_workers=2, persistent_workers=True, random augmentation, dropout, deterministic=True;")
+    print("SIGKILL mid-epoch, resume from the checkpoint; 'same' counts resumed steps equal to the uninterrupted run.")
     rows, exact = run_setup(resumable=True)
     print_table("with lightning-resumable", rows)
     if not args.skip_plain:
@@ -207,7 +228,10 @@ def main() -> None:
         print(f"  plain Lightning resumed {'exactly' if plain_exact else 'WRONG data, silently'}")
     print()
     if exact:
-        print("VERDICT: EXACT - after the crash every rank got the very batches of the uninterrupted run.")
+        print(
+            "VERDICT: EXACT - after the crash every rank got the very batches of the uninterrupted run, with the"
+            " same augmentations and bit-identical losses."
+        )
     else:
         print("VERDICT: MISMATCH - the resumed stream differs from the uninterrupted run.")
         sys.exit(1)

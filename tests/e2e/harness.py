@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -167,11 +168,12 @@ class Outcome:
     stopped: Records
     resumed: Records
 
-    def stream_mismatches(self) -> list[str]:
-        """Per rank, where stopped + resumed steps differ from the uninterrupted steps (empty: exact)."""
+    def stream_mismatches(self, fields: Sequence[str] = FIELDS) -> list[str]:
+        """Per rank, where stopped + resumed steps differ from the uninterrupted steps in ``fields`` (empty: exact)."""
         problems = []
-        for rank, expected in self.full.items():
-            actual = self.stopped[rank] + self.resumed[rank]
+        for rank, full_steps in self.full.items():
+            expected = [{name: step.get(name) for name in fields} for step in full_steps]
+            actual = [{name: step.get(name) for name in fields} for step in self.stopped[rank] + self.resumed[rank]]
             if not self.stopped[rank] or not self.resumed[rank]:
                 problems.append(
                     f"rank {rank}: {len(self.stopped[rank])} steps before the stop and"
@@ -187,14 +189,16 @@ class Outcome:
         return problems
 
     def differing_fields(self) -> set[str]:
-        """The record fields that differ between the uninterrupted and the stopped + resumed steps."""
-        return {
-            name
-            for rank, expected in self.full.items()
-            for want, got in zip(expected, self.stopped[rank] + self.resumed[rank], strict=False)
-            for name in FIELDS
-            if want.get(name) != got.get(name)
-        }
+        """The record fields that differ between the uninterrupted and the stopped + resumed steps, and
+        ``"steps"`` if a rank trained another number of steps."""
+        differing = set()
+        for rank, expected in self.full.items():
+            actual = self.stopped[rank] + self.resumed[rank]
+            if len(actual) != len(expected):
+                differing.add("steps")
+            for want, got in zip(expected, actual, strict=False):
+                differing |= {name for name in FIELDS if want.get(name) != got.get(name)}
+        return differing
 
 
 class Runner:

@@ -69,7 +69,7 @@ def test_resumed_stream_equals_uninterrupted_stream(runner: Runner, scenario: Sc
 def test_control_without_the_library_is_detected_as_wrong(runner: Runner, scenario: Scenario) -> None:
     outcome = runner.run(scenario)
     assert outcome.stream_mismatches() != []
-    assert "ids" in outcome.differing_fields()
+    assert outcome.differing_fields() & {"ids", "steps"}, "plain Lightning gets the data wrong"
 
 
 # The setup (2 processes, 2 workers, shuffle) with one kind of seeding turned off.
@@ -110,7 +110,8 @@ def test_drawn_seed_is_agreed_by_ranks_saved_and_reused(tmp_path: Path) -> None:
     reference_dir = tmp_path / "reference"
     full = run_phase(Scenario(world_size=2, seed=saved["seed"]), "full", reference_dir, reference_dir / "x.ckpt")
     outcome = Outcome(unseeded, full, stopped, resumed)
-    assert outcome.stream_mismatches() == []
+    # The model's initial weights were drawn unseeded, so only what the data gives can be compared.
+    assert outcome.stream_mismatches(fields=("epoch", "batch", "ids", "aug")) == []
     assert_each_epoch_covers_the_dataset(outcome)
 
 

@@ -120,9 +120,10 @@ class Model(L.LightningModule):
         optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
         if not self.config.get("estimated_stepping_batches"):
             return optimizer
-        # Runs setup_data before the checkpoint is restored (Lightning #20550).
+        # Runs setup_data before the checkpoint is restored (Lightning #20550). The schedule keeps the
+        # learning rate constant, so the scenario shares the uninterrupted run of the one without it.
         total = int(self.trainer.estimated_stepping_batches)
-        scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=total)
+        scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
