@@ -172,8 +172,8 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
     """A pass-through wrapper that fetches each sample under its own seed.
 
     It takes :data:`SampleKey` pairs ``(index, sample seed)`` from a
-    :class:`~lightning_resumable.ResumableSampler` built with ``sample_keys=True``; a plain integer
-    index is passed to the wrapped dataset unchanged, unseeded. Attributes it does not have are read
+    :class:`~lightning_resumable.ResumableSampler` built with ``sample_keys=True``; any other index
+    is passed to the wrapped dataset unchanged, unseeded. Attributes it does not have are read
     from the wrapped dataset, which is ``.dataset``.
 
     A batch is fetched sample by sample through ``__getitem__``, each under its own seed, even if the
@@ -197,10 +197,10 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
-    def __getitem__(self, key: SampleKey | int) -> T_co:
-        if isinstance(key, int):
-            return self.dataset[key]
-        return self.fetch([key])[0]
+    def __getitem__(self, key: SampleKey | Any) -> T_co:
+        if isinstance(key, tuple):
+            return self.fetch([key])[0]
+        return self.dataset[key]  # a plain index (int, NumPy integer, ...): unseeded
 
     def __getitems__(self, keys: Sequence[SampleKey]) -> list[T_co]:
         return self.fetch(keys)
