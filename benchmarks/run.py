@@ -238,8 +238,12 @@ def lightning_steps_per_second(variant: str, steps: int) -> float:
     return float(clock.rate)
 
 
-def loader_microseconds_per_batch(sampler: Any, batches: int) -> float:
-    loader = DataLoader(IndexDataset(1_000_000), batch_size=8, sampler=sampler)
+def loader_microseconds_per_batch(sampler: Any, batches: int, seeded: bool = False, restore: bool = False) -> float:
+    """CPU time per batch of 8; ``seeded`` wraps the dataset as the mixin does (``restore``: seed_steps=False)."""
+    dataset: Dataset[Any] = IndexDataset(1_000_000)
+    if seeded:
+        dataset = SampleSeededDataset(dataset, restore_globals=restore)
+    loader = DataLoader(dataset, batch_size=8, sampler=sampler)
     iterator = iter(loader)
     next(iterator)  # the first chunk of indices is computed here, not per step
     start = time.process_time()
@@ -265,9 +269,18 @@ def overhead_table(steps: int, rounds: int) -> None:
     dataset = IndexDataset(1_000_000)
     plain_us = min(loader_microseconds_per_batch(RandomSampler(dataset), 20_000) for _ in range(rounds))
     ours_us = min(loader_microseconds_per_batch(ResumableSampler(dataset, 1, 0), 20_000) for _ in range(rounds))
-    added = f"{ours_us - plain_us:+.1f} us, {(ours_us - plain_us) / plain_us:+.1%}"
-    print(f"\n4a. Loader CPU time per batch of 8 (best of {rounds}): DataLoader(shuffle=True) {plain_us:.1f} us,")
-    print(f"    with ResumableSampler {ours_us:.1f} us ({added}); the callback has no per-batch hook")
+    keyed = ResumableSampler(dataset, 1, 0, sample_keys=True)
+    seeded_us = min(loader_microseconds_per_batch(keyed, 20_000, seeded=True) for _ in range(rounds))
+    restored_us = min(loader_microseconds_per_batch(keyed, 20_000, seeded=True, restore=True) for _ in range(rounds))
+
+    def added(us: float) -> str:
+        return f"{us:.1f} us ({us - plain_us:+.1f} us)"
+
+    print(f"\n4a. Loader CPU time per batch of 8, num_workers=0, a dataset that costs nothing (best of {rounds}):")
+    print(f"    DataLoader(shuffle=True) {plain_us:.1f} us; with ResumableSampler {added(ours_us)};")
+    print(f"    as the mixin builds it (keyed sampler + SampleSeededDataset): {added(seeded_us)};")
+    print(f"    the same with seed_steps=False (generators put back after each batch): {added(restored_us)}.")
+    print("    The callback's per-batch work is the step reseed (see 5).")
     setup = f"1 process, tiny model, {steps} steps, {rounds} rotating rounds"
     print(f"\n4b. Steps per second in a real Lightning run ({setup}; CPU time, noisy on a VM)")
     plain = statistics.median(rates["plain"])
@@ -310,37 +323,47 @@ def per_call_us(function: Any, calls: int, rounds: int) -> float:
 
 
 def seeding_table(calls: int, rounds: int) -> None:
+    """The overhead is measured on a dataset that costs nothing, so it is not lost in the noise of a real one."""
     import torch.utils.data._utils as data_utils
 
-    plain = CropFlip()
-    wrapped = SampleSeededDataset(plain)
-    explicit = SampleSeededDataset(CropFlip(explicit_rng=True), seed_globals=False)
-    keys = [(index % 64, 10**12 + index) for index in range(32)]
-    getitem_us = per_call_us(lambda: [plain[index] for index, _ in keys], calls // 32, rounds) / 32
-    main_us = per_call_us(lambda: wrapped.fetch(keys), calls // 32, rounds) / 32
-    data_utils.worker._worker_info = object()  # type: ignore[attr-defined]  # pretend to be a worker
+    free = IndexDataset(64)
+    wrapped = SampleSeededDataset(free)
+    explicit = SampleSeededDataset(free, seed_globals=False)
+    realistic = CropFlip()
+    keys = [(index, 10**12 + index) for index in range(32)]
+    batches = calls // 32
+
+    def per_sample(function: Any) -> float:
+        return per_call_us(function, batches, rounds) / 32
+
+    bare_us = per_sample(lambda: [free[index] for index, _ in keys])
+    main_us = per_sample(lambda: wrapped.fetch(keys)) - bare_us
+    data_utils.worker._worker_info = object()  # type: ignore[attr-defined]  # as in a worker: no save/restore
     try:
-        worker_us = per_call_us(lambda: wrapped.fetch(keys), calls // 32, rounds) / 32
+        worker_us = per_sample(lambda: wrapped.fetch(keys)) - bare_us
     finally:
         data_utils.worker._worker_info = None  # type: ignore[attr-defined]
-    explicit_us = per_call_us(lambda: explicit.fetch(keys), calls // 32, rounds) / 32
+    explicit_us = per_sample(lambda: explicit.fetch(keys)) - bare_us
+    getitem_us = per_sample(lambda: [realistic[index] for index, _ in keys])
     seed_us = per_call_us(lambda: seed_global_generators(123456789123), calls, rounds)
     torch_manual_seed_us = per_call_us(lambda: torch.manual_seed(123456789123), calls // 10, rounds)
     torch_rng_us = per_call_us(lambda: sample_rng_cost("torch"), calls, rounds)
     numpy_rng_us = per_call_us(lambda: sample_rng_cost("numpy"), calls // 4, rounds)
     step_us = per_call_us(lambda: seed_training_step(7, 3, 1234), calls, rounds)
     print(f"\n5. Per-sample seeding (best of {rounds}; microseconds per sample, batches of 32)")
-    print(f"   realistic __getitem__ (random crop + flip, 3x224x224 uint8):   {getitem_us:7.1f} us")
-    print(f"   seeding torch CPU + random + NumPy, one call:                  {seed_us:7.1f} us")
-    print(f"     (torch.manual_seed alone, which also seeds accelerators:     {torch_manual_seed_us:7.1f} us)")
-    for label, total in [("in a worker", worker_us), ("in the main process (+ save/restore)", main_us)]:
-        added = total - getitem_us
-        print(f"   fetch with seeding, {label:<38}  {total:7.1f} us  ({added:+.1f} us, {added / getitem_us:+.1%})")
-    added = explicit_us - getitem_us
-    print(f"   fetch with sample_rng().torch only, no global seeding:         {explicit_us:7.1f} us  ({added:+.1f} us)")
-    print(f"   sample_rng().torch, first use in a sample:                     {torch_rng_us:7.1f} us")
-    print(f"   sample_rng().numpy (Philox, as Grain), first use in a sample:  {numpy_rng_us:7.1f} us")
-    print(f"   per-step reseed (seed_training_step, once per training step):  {step_us:7.1f} us")
+    print(f"   a realistic __getitem__ (random crop + flip of 3x224x224 uint8):  {getitem_us:6.1f} us")
+    print("   added per sample by SampleSeededDataset:")
+    for label, added in [
+        ("seeding torch CPU + random + NumPy, in a worker", worker_us),
+        ("the same in the main process (+ save/restore per batch)", main_us),
+        ("no global seeding (seed_samples=False), sample_rng() ready", explicit_us),
+    ]:
+        print(f"     {label:<60} {added:6.1f} us  ({added / getitem_us:5.1%} of the __getitem__)")
+    print(f"   one seed_global_generators call: {seed_us:.1f} us", end=" ")
+    print(f"(torch.manual_seed alone: {torch_manual_seed_us:.1f} us, as it also seeds every accelerator backend)")
+    print(f"   sample_rng().torch on first use in a sample: {torch_rng_us:.1f} us;", end=" ")
+    print(f"sample_rng().numpy (Philox, as Grain): {numpy_rng_us:.1f} us")
+    print(f"   per-step reseed (seed_training_step, once per training step): {step_us:.1f} us")
 
 
 def sample_rng_cost(kind: str) -> None:

@@ -87,6 +87,9 @@ def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], A
             num_replicas=trainer.world_size,
             rank=trainer.global_rank,
             seed_samples=callback.seed_samples,
+            # Lightning fetches each batch before on_train_batch_start, where a reseeding callback
+            # sets the step's stream anyway: putting the generators back would be wasted work.
+            restore_globals=not callback.seed_steps,
         )
         callback.attach(resumable, trainer.current_epoch)
         return resumable

@@ -50,12 +50,19 @@ def _shuffle_of(sampler: object) -> bool:
 
 
 def make_resumable(
-    loader: object, *, seed: int, num_replicas: int, rank: int, seed_samples: bool = True
+    loader: object,
+    *,
+    seed: int,
+    num_replicas: int,
+    rank: int,
+    seed_samples: bool = True,
+    restore_globals: bool = True,
 ) -> DataLoader[Any]:
     """Return ``loader`` rebuilt around a keyed :class:`ResumableSampler` and a :class:`SampleSeededDataset`.
 
     ``seed_samples=False`` leaves the global generators alone while fetching (``sample_rng()`` still
-    works). A loader that this function built already is returned as it is.
+    works); ``restore_globals`` is the wrapper's (see :class:`SampleSeededDataset`). A loader that
+    this function built already is returned as it is.
 
     Raises:
         UnsupportedLoaderError: the loader cannot be made exactly resumable; the message says why.
@@ -101,7 +108,7 @@ def make_resumable(
         extra["prefetch_factor"] = loader.prefetch_factor
         extra["persistent_workers"] = loader.persistent_workers
     return DataLoader(
-        SampleSeededDataset(dataset, seed_globals=seed_samples),
+        SampleSeededDataset(dataset, seed_globals=seed_samples, restore_globals=restore_globals),
         batch_size=loader.batch_size,
         sampler=sampler,
         num_workers=loader.num_workers,

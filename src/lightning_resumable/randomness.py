@@ -9,8 +9,10 @@ created, or whether the run was interrupted. Nothing is persisted: the seeds are
   the sampler together with the order).
 - :class:`SampleSeededDataset` wraps the user's dataset: before each sample is fetched it seeds the
   global generators that augmentation code draws from (torch's default CPU generator, Python's
-  ``random``, NumPy's global ``RandomState``). In the main process (``num_workers=0``) it restores
-  their state after the batch, so fetching does not disturb the training step's stream.
+  ``random``, NumPy's global ``RandomState``). In the main process (``num_workers=0``) it can
+  restore their state after the batch, so fetching does not disturb the training step's stream;
+  under Lightning that is needed only when the callback does not reseed each step, since each batch
+  is fetched before ``on_train_batch_start``.
 - :func:`sample_rng` is the explicit API: a ``torch.Generator`` and a ``numpy.random.Generator`` of
   the sample being fetched, as Grain gives each record its own RNG.
 - :func:`seed_training_step` reseeds the global generators (and CUDA's, where initialised) at the
@@ -183,11 +185,14 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
         dataset: the user's map-style dataset.
         seed_globals: seed the global generators before each sample. ``False`` keeps only
             :func:`sample_rng` (whose seeds cost nothing until asked for).
+        restore_globals: in the main process, put the global generators back after each batch (about
+            70 µs a batch, mostly NumPy's state), so the fetch leaves the caller's stream as it was.
     """
 
-    def __init__(self, dataset: Dataset[T_co], seed_globals: bool = True) -> None:
+    def __init__(self, dataset: Dataset[T_co], seed_globals: bool = True, restore_globals: bool = True) -> None:
         self.dataset = dataset
         self.seed_globals = seed_globals
+        self.restore_globals = restore_globals
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]  # map-style datasets are sized
@@ -205,11 +210,15 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
     def __getitems__(self, keys: Sequence[SampleKey]) -> list[T_co]:
         return self.fetch(keys)
 
-    def fetch(self, keys: Sequence[SampleKey], seed_globals: bool | None = None) -> list[T_co]:
-        """The samples at ``keys``, each under its own seed; the main process's generators are restored."""
+    def fetch(
+        self, keys: Sequence[SampleKey], seed_globals: bool | None = None, restore_globals: bool | None = None
+    ) -> list[T_co]:
+        """The samples at ``keys``, each under its own seed (arguments override the wrapper's settings)."""
         global _current
         seed_globals = self.seed_globals if seed_globals is None else seed_globals
-        saved = _GlobalGeneratorState() if seed_globals and get_worker_info() is None else None
+        restore_globals = self.restore_globals if restore_globals is None else restore_globals
+        in_main_process = get_worker_info() is None
+        saved = _GlobalGeneratorState() if seed_globals and restore_globals and in_main_process else None
         samples = []
         try:
             for index, seed in keys:

@@ -134,7 +134,7 @@ def fingerprint_next_batch(loader: DataLoader[Any], state: DataState, rank: int,
     if not isinstance(dataset, SampleSeededDataset):
         raise TypeError(f"the loader's dataset must be a SampleSeededDataset, got {type(dataset).__name__}")
     keys = next_batch_keys(state, rank, world_size)
-    samples = dataset.fetch(keys, seed_globals=True)
+    samples = dataset.fetch(keys, seed_globals=True, restore_globals=True)  # a save may happen mid-step
     batch = loader.collate_fn(samples) if samples else None
     return BatchFingerprint(ids=digest_of(keys), content=digest_of(batch))
 
