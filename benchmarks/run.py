@@ -324,8 +324,6 @@ def per_call_us(function: Any, calls: int, rounds: int) -> float:
 
 def seeding_table(calls: int, rounds: int) -> None:
     """The overhead is measured on a dataset that costs nothing, so it is not lost in the noise of a real one."""
-    import torch.utils.data._utils as data_utils
-
     free = IndexDataset(64)
     wrapped = SampleSeededDataset(free)
     explicit = SampleSeededDataset(free, seed_globals=False)
@@ -337,12 +335,9 @@ def seeding_table(calls: int, rounds: int) -> None:
         return per_call_us(function, batches, rounds) / 32
 
     bare_us = per_sample(lambda: [free[index] for index, _ in keys])
-    main_us = per_sample(lambda: wrapped.fetch(keys)) - bare_us
-    data_utils.worker._worker_info = object()  # type: ignore[attr-defined]  # as in a worker: no save/restore
-    try:
-        worker_us = per_sample(lambda: wrapped.fetch(keys)) - bare_us
-    finally:
-        data_utils.worker._worker_info = None  # type: ignore[attr-defined]
+    main_us = per_sample(lambda: wrapped.fetch(keys, restore_globals=True)) - bare_us
+    # In a worker nothing is put back: the same path as restore_globals=False.
+    worker_us = per_sample(lambda: wrapped.fetch(keys, restore_globals=False)) - bare_us
     explicit_us = per_sample(lambda: explicit.fetch(keys)) - bare_us
     getitem_us = per_sample(lambda: [realistic[index] for index, _ in keys])
     seed_us = per_call_us(lambda: seed_global_generators(123456789123), calls, rounds)
@@ -354,8 +349,8 @@ def seeding_table(calls: int, rounds: int) -> None:
     print(f"   a realistic __getitem__ (random crop + flip of 3x224x224 uint8):  {getitem_us:6.1f} us")
     print("   added per sample by SampleSeededDataset:")
     for label, added in [
-        ("seeding torch CPU + random + NumPy, in a worker", worker_us),
-        ("the same in the main process (+ save/restore per batch)", main_us),
+        ("seeding torch CPU + random + NumPy (workers; default)", worker_us),
+        ("the same, generators put back per batch (seed_steps=False)", main_us),
         ("no global seeding (seed_samples=False), sample_rng() ready", explicit_us),
     ]:
         print(f"     {label:<60} {added:6.1f} us  ({added / getitem_us:5.1%} of the __getitem__)")

@@ -120,7 +120,6 @@ def next_batch_keys(state: DataState, rank: int, world_size: int) -> list[Sample
         batch_size=state.batch_size,
         sample_keys=True,
     )
-    peek.set_epoch(state.epoch)
     peek.load_state_dict(state.to_dict())
     return list(itertools.islice(iter(peek), state.batch_size))
 
