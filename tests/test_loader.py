@@ -75,12 +75,9 @@ class Numbers(IterableDataset[int]):
         return iter(range(5))
 
 
-class StatefulSquares(Squares):
+class HalfStatefulSquares(Squares):
     def state_dict(self) -> dict[str, int]:
         return {}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        pass
 
 
 class MyLoader(DataLoader[Any]):
@@ -92,7 +89,7 @@ class MyLoader(DataLoader[Any]):
     [
         ([DataLoader(Squares())], "returned a list"),
         (DataLoader(Numbers()), "iterable-style datasets"),
-        (DataLoader(StatefulSquares()), "own state_dict/load_state_dict"),
+        (DataLoader(HalfStatefulSquares()), "only one of state_dict/load_state_dict"),
         (DataLoader(Squares(), sampler=RandomSampler(Squares(), replacement=True)), "replacement=True"),
         (DataLoader(Squares(), sampler=RandomSampler(Squares(), num_samples=5)), "num_samples=5"),
         (DataLoader(Squares(), sampler=[3, 1, 2]), "sampler is a list"),

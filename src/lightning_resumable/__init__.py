@@ -1,9 +1,12 @@
 """Exact mid-epoch resume for PyTorch Lightning under DDP."""
 
 from lightning_resumable.callback import ResumableDataCallback
+from lightning_resumable.contract import PassThroughWrapper
 from lightning_resumable.datamodule import ResumableDataModule
 from lightning_resumable.errors import (
+    ContractViolationError,
     IncompatibleStateError,
+    InconsistentRankStateError,
     MissingCallbackError,
     MissingStateError,
     NotInSampleFetchError,
@@ -19,12 +22,15 @@ from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
 
 __all__ = [
+    "ContractViolationError",
     "DataState",
     "EpochOrder",
     "IncompatibleStateError",
+    "InconsistentRankStateError",
     "MissingCallbackError",
     "MissingStateError",
     "NotInSampleFetchError",
+    "PassThroughWrapper",
     "ResumableDataCallback",
     "ResumableDataModule",
     "ResumableSampler",

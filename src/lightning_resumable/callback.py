@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -18,8 +19,10 @@ from lightning_resumable._lightning import (
     rebuild_train_loader_at_next_epoch,
     silence_not_resumable_warning,
 )
+from lightning_resumable.contract import check_contract
 from lightning_resumable.errors import (
     IncompatibleStateError,
+    InconsistentRankStateError,
     MissingCallbackError,
     MissingStateError,
     ResumeError,
@@ -33,8 +36,46 @@ from lightning_resumable.verification import (
     BatchFingerprint,
     all_gather_objects,
     check_fingerprints,
+    digest_of,
     fingerprint_next_batch,
 )
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """What the callback persists: the stream's state, each rank's next-batch fingerprint, and the
+    state of a dataset that has its own (global, saved once)."""
+
+    state: DataState
+    fingerprints: list[BatchFingerprint] | None = None
+    dataset: Mapping[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        saved: dict[str, Any] = {"train": self.state.to_dict()}
+        if self.fingerprints is not None:
+            saved["next_batch"] = [fingerprint.to_list() for fingerprint in self.fingerprints]
+        if self.dataset is not None:
+            saved["dataset"] = self.dataset
+        return saved
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> _Saved:
+        if not {"train"} <= set(raw) <= {"train", "next_batch", "dataset"}:
+            raise StateFormatError(f"unexpected keys in the data state: {sorted(raw)}")
+        state = DataState.from_dict(raw["train"])
+        fingerprints = None
+        if "next_batch" in raw:
+            entries = raw["next_batch"]
+            if not isinstance(entries, list) or len(entries) != state.world_size:
+                raise StateFormatError(
+                    f"the data state must hold one batch fingerprint per rank ({state.world_size}), got {entries!r}"
+                )
+            fingerprints = [BatchFingerprint.from_list(entry) for entry in entries]
+        dataset = raw.get("dataset")
+        if dataset is not None and not isinstance(dataset, Mapping):
+            raise StateFormatError(f"the dataset's state must be a dict, got {type(dataset).__name__}")
+        return cls(state, fingerprints, dataset)
+
 
 __all__ = ["ResumableDataCallback"]
 
@@ -72,6 +113,14 @@ class ResumableDataCallback(pl.Callback):
         ResumeVerificationError: on every rank, before the first resumed step, when a batch about to
             be trained differs from the one the checkpoint recorded.
         MissingCallbackError: training starts without a ``ResumableDataModule`` train loader.
+        ContractViolationError: at build or at a save, an object in the train loader persists a
+            derived quantity (rank, world size, shard offset...) or a wrapper persists other state
+            than its inner object's (see :class:`~lightning_resumable.PassThroughWrapper`).
+        InconsistentRankStateError: at a save, the ranks' datasets hold different states.
+
+    A dataset with its own ``state_dict``/``load_state_dict`` (a curriculum, say) is persisted once,
+    as global state, and restored before the loader is iterated. ``state_dict`` is collective: save
+    checkpoints on every rank, as ``ModelCheckpoint`` does.
 
     Example::
 
@@ -97,9 +146,8 @@ class ResumableDataCallback(pl.Callback):
         self._trainer: pl.Trainer | None = None
         self._loader: DataLoader[Any] | None = None
         self._sampler: ResumableSampler | None = None
-        # A restored state not yet applied to a sampler, with the fingerprints saved beside it.
-        self._pending: DataState | None = None
-        self._pending_fingerprints: list[BatchFingerprint] | None = None
+        # A restored state not yet applied to a loader.
+        self._pending: _Saved | None = None
         # An applied restore whose batches are checked at on_train_start.
         self._to_verify: tuple[DataState, list[BatchFingerprint]] | None = None
         self._seed: int | None = None
@@ -118,7 +166,7 @@ class ResumableDataCallback(pl.Callback):
     def shuffle_seed(self, trainer: pl.Trainer) -> int:
         """The run's shuffle seed: the checkpoint's, else ``seed_everything``'s, else drawn once by rank 0."""
         if self._pending is not None:
-            return self._pending.seed
+            return self._pending.state.seed
         if self._seed is None:
             global_seed = os.environ.get("PL_GLOBAL_SEED")
             if global_seed is not None:
@@ -129,18 +177,21 @@ class ResumableDataCallback(pl.Callback):
         return self._seed
 
     def attach(self, loader: DataLoader[Any], current_epoch: int) -> None:
-        """Take ownership of ``loader``'s :class:`ResumableSampler` before it is iterated: apply a
-        restored state to it, once, or else select the trainer's current epoch (a loader reloaded
-        mid-run may be iterated, with prefetching workers, before Lightning's ``set_epoch``)."""
+        """Take ownership of ``loader``'s :class:`ResumableSampler` before it is iterated: check the
+        pass-through contract, apply a restored state (the sampler's and the dataset's) once, or else
+        select the trainer's current epoch (a loader reloaded mid-run may be iterated, with
+        prefetching workers, before Lightning's ``set_epoch``)."""
         sampler = loader.sampler
         if not isinstance(sampler, ResumableSampler):
             raise TypeError(f"the loader's sampler must be a ResumableSampler, got {type(sampler).__name__}")
+        check_contract(loader, owned=(sampler,))
         self._loader, self._sampler = loader, sampler
         if self._pending is None:
             sampler.set_epoch(current_epoch)
             return
-        saved, self._pending = self._pending, None
-        fingerprints, self._pending_fingerprints = self._pending_fingerprints, None
+        restored, self._pending = self._pending, None
+        saved, fingerprints = restored.state, restored.fingerprints
+        self._restore_dataset(restored.dataset)
         if saved.world_size != sampler.num_replicas:
             message = (
                 f"the checkpoint was written on {saved.world_size} processes and resumes on {sampler.num_replicas},"
@@ -159,25 +210,60 @@ class ResumableDataCallback(pl.Callback):
         else:
             self._to_verify = (saved, fingerprints)
 
+    def _user_dataset(self) -> object:
+        assert self._loader is not None
+        return getattr(self._loader.dataset, "dataset", self._loader.dataset)  # inside the SampleSeededDataset
+
+    def _restore_dataset(self, state: Mapping[str, Any] | None) -> None:
+        dataset = self._user_dataset()
+        load = getattr(dataset, "load_state_dict", None)
+        if state is None:
+            if callable(getattr(dataset, "state_dict", None)):
+                raise IncompatibleStateError(
+                    f"the dataset {type(dataset).__name__} has its own state, but the checkpoint holds none: it was"
+                    " written by a setup whose dataset had no state_dict"
+                )
+            return
+        if not callable(load):
+            raise IncompatibleStateError(
+                f"the checkpoint holds a dataset state (keys {sorted(state)}), but the dataset"
+                f" {type(dataset).__name__} has no load_state_dict"
+            )
+        load(state)
+
+    def _dataset_state(self) -> Mapping[str, Any] | None:
+        """The dataset's own state, checked to be the same on every rank (only rank 0 writes it); collective."""
+        state_dict = getattr(self._user_dataset(), "state_dict", None)
+        if not callable(state_dict):
+            return None
+        state: Mapping[str, Any] = state_dict()
+        digests = all_gather_objects(digest_of(state))
+        differing = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
+        if differing:
+            raise InconsistentRankStateError(
+                f"the dataset {type(self._user_dataset()).__name__} holds a different state on rank(s) {differing}"
+                f" than on rank 0 ({state!r} here, on rank {self._trainer.global_rank if self._trainer else 0});"
+                " only rank 0's checkpoint is written, so the other ranks would resume from rank 0's state."
+                " Change the dataset's state on every rank alike (for example in on_train_epoch_end)"
+            )
+        return state
+
     # ----------------------------------------------------------------------------- persisting
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer
         silence_not_resumable_warning()
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"train": DataState, "next_batch": one [ids, content] fingerprint per rank}``; collective.
+        """``{"train": DataState, "next_batch": one [ids, content] fingerprint per rank, "dataset": its
+        own state, if it has one}``; collective.
 
         Lightning calls it on every rank when a checkpoint is saved; every rank's fingerprint is
-        gathered, because only rank 0 writes the file.
+        gathered, and the dataset's state compared across ranks, because only rank 0 writes the file.
         """
         if self._loader is None or self._sampler is None or self._trainer is None:
             # Nothing trained yet in this process: keep a restored state that was not applied.
-            if self._pending is None:
-                return {}
-            pending: dict[str, Any] = {"train": self._pending.to_dict()}
-            if self._pending_fingerprints is not None:
-                pending["next_batch"] = [fingerprint.to_list() for fingerprint in self._pending_fingerprints]
-            return pending
+            return self._pending.to_dict() if self._pending is not None else {}
+        check_contract(self._loader, owned=(self._sampler,))
         trainer, sampler = self._trainer, self._sampler
         batches = batches_processed(trainer)
         if batches >= trainer.num_training_batches:
@@ -186,32 +272,21 @@ class ResumableDataCallback(pl.Callback):
         else:
             sampler.set_consumed_batches(batches)
             state = sampler.data_state()
-        saved: dict[str, Any] = {"train": state.to_dict()}
+        fingerprints = None
         if self.verify:
             mine = fingerprint_next_batch(self._loader, state, sampler.rank, sampler.num_replicas)
-            saved["next_batch"] = all_gather_objects(mine.to_list())
-        return saved
+            fingerprints = [BatchFingerprint.from_list(entry) for entry in all_gather_objects(mine.to_list())]
+        return _Saved(state, fingerprints, self._dataset_state()).to_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
-        if not {"train"} <= set(state_dict) <= {"train", "next_batch"}:
-            raise StateFormatError(f"unexpected keys in the data state: {sorted(state_dict)}")
         if self._sampler is not None:
             raise ResumeError(
                 "the data state was restored after the train loader was built (the strategy restores"
                 " checkpoints after setup); the stream cannot be repositioned exactly"
             )
-        state = DataState.from_dict(state_dict["train"])
-        fingerprints = None
-        if "next_batch" in state_dict:
-            raw = state_dict["next_batch"]
-            if not isinstance(raw, list) or len(raw) != state.world_size:
-                raise StateFormatError(
-                    f"the data state must hold one batch fingerprint per rank ({state.world_size}), got {raw!r}"
-                )
-            fingerprints = [BatchFingerprint.from_list(entry) for entry in raw]
-        self._pending, self._pending_fingerprints = state, fingerprints
+        self._pending = _Saved.from_dict(state_dict)
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]

@@ -7,7 +7,9 @@ wrong, and its message says which values differ.
 from __future__ import annotations
 
 __all__ = [
+    "ContractViolationError",
     "IncompatibleStateError",
+    "InconsistentRankStateError",
     "MissingCallbackError",
     "MissingStateError",
     "NotInSampleFetchError",
@@ -53,3 +55,11 @@ class ResumeVerificationError(ResumeError):
 
 class NotInSampleFetchError(ResumeError):
     """:func:`~lightning_resumable.sample_rng` was called outside a sample fetch of a resumable loader."""
+
+
+class ContractViolationError(ResumeError):
+    """An object in the train loader persists a derived quantity, or a wrapper other state than its inner object's."""
+
+
+class InconsistentRankStateError(ResumeError):
+    """State that is persisted once for all ranks (a dataset's own state) differs between ranks at a save."""

@@ -4,9 +4,9 @@ Promise: the rebuilt loader reads the same dataset with the same batch size, wor
 pinning and ``drop_last``; only the sampler changes, and the dataset is wrapped in a
 :class:`~lightning_resumable.randomness.SampleSeededDataset` so that each sample is fetched under the
 seed of its global position. Anything whose stream we cannot reproduce
-exactly (a custom sampler or batch sampler, an iterable dataset, a dataset with its own state, a
-``DataLoader`` subclass with its own constructor) is refused with :class:`UnsupportedLoaderError`
-rather than silently resumed wrong.
+exactly (a custom sampler or batch sampler, an iterable dataset, a ``DataLoader`` subclass with its
+own constructor) is refused with :class:`UnsupportedLoaderError` rather than silently resumed wrong.
+A dataset with its own ``state_dict``/``load_state_dict`` is kept; the callback persists its state.
 
 A ``StatefulDataLoader`` is rebuilt as a plain ``DataLoader``: the callback owns the position, so
 torchdata's own snapshots would be a second owner (the double count of Accelerate #3938) and cost
@@ -82,10 +82,10 @@ def make_resumable(
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset):
         raise UnsupportedLoaderError("iterable-style datasets are not supported yet; use a map-style dataset")
-    if callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None)):
+    if callable(getattr(dataset, "state_dict", None)) != callable(getattr(dataset, "load_state_dict", None)):
         raise UnsupportedLoaderError(
-            f"the dataset {type(dataset).__name__} has its own state_dict/load_state_dict; its state would not be"
-            " persisted, so the resumed stream could differ"
+            f"the dataset {type(dataset).__name__} has only one of state_dict/load_state_dict; its state could be"
+            " saved but not restored, or the reverse"
         )
     if loader.batch_size is None:
         raise UnsupportedLoaderError(

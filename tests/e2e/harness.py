@@ -18,7 +18,7 @@ RUN_TIMEOUT_S = 300
 Records = dict[int, list[dict[str, Any]]]
 """Per rank, the completed training steps in order: epoch, batch index, sample ids, augmentation
 values and loss."""
-FIELDS = ("epoch", "batch", "ids", "aug", "loss")
+FIELDS = ("epoch", "batch", "ids", "aug", "loss", "level")
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class Scenario:
     ``callback_options`` are ``ResumableDataCallback``'s keyword arguments; they change the stream,
     so scenarios share runs only with equal options. ``relist_on_resume`` makes the resumed run's
     dataset read its rows in another order (its stopped and uninterrupted runs are the base ones).
+    ``curriculum`` trains on a dataset with state of its own, a level raised at each epoch's end.
     """
 
     world_size: int
@@ -51,6 +52,7 @@ class Scenario:
     resume_world_size: int | None = None
     callback_options: tuple[tuple[str, bool], ...] = ()
     relist_on_resume: bool = False
+    curriculum: bool = False
 
     @property
     def batches_per_epoch(self) -> int:
@@ -94,6 +96,8 @@ class Scenario:
         parts += [f"{name}={value}" for name, value in self.callback_options]
         if self.relist_on_resume:
             parts.append("relisted")
+        if self.curriculum:
+            parts.append("curriculum")
         if not self.resumable:
             parts.append("CONTROL")
         return "-".join(parts)

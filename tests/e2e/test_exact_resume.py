@@ -87,6 +87,14 @@ def test_control_without_one_seeding_differs_in_exactly_what_it_seeds(runner: Ru
     assert runner.run(scenario).differing_fields() == expected_difference
 
 
+def test_a_dataset_with_its_own_state_resumes_exactly(runner: Runner) -> None:
+    """A curriculum level raised at each epoch's end is persisted once and restored before the first batch."""
+    outcome = runner.run(Scenario(world_size=2, num_workers=2, curriculum=True))
+    assert outcome.stream_mismatches() == []
+    levels = {level for records in outcome.resumed.values() for record in records for level in record["level"]}
+    assert levels == {1, 2}, "the resumed run trains at the levels the interrupted run had reached"
+
+
 def test_a_dataset_relisted_before_the_resume_is_refused_before_any_step_trains(runner: Runner) -> None:
     scenario = Scenario(world_size=2, num_workers=2, relist_on_resume=True)
     resumed = runner.resumed(scenario, expect_failure=True)

@@ -49,10 +49,22 @@ class IdDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __len__(self) -> int:
         return self.size
 
+    level = 0  # raised by a curriculum; a plain IdDataset stays at 0
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         row = (index + 1) % self.size if self.relisted else index
         augmentation = [torch.rand(()).item(), random.random(), float(np.random.rand())]
-        return torch.tensor(index), torch.tensor([float(row % 7), *augmentation])
+        return torch.tensor(index), torch.tensor([float(row % 7 + 10 * self.level), *augmentation])
+
+
+class CurriculumDataset(IdDataset):
+    """A dataset with state of its own: the level, raised at the end of each epoch, changes every sample."""
+
+    def state_dict(self) -> dict[str, int]:
+        return {"level": self.level}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.level = state["level"]
 
 
 class Recorder:
@@ -90,6 +102,8 @@ class StepRecorder(L.Callback):
             "aug": batch[1][:, 1:].tolist(),
             "loss": outputs["loss"].item(),
         }
+        if self.config.get("curriculum"):
+            record["level"] = batch[1][:, 0].floor_divide(10).int().tolist()
         self.recorder.write(record)
 
 
@@ -112,6 +126,10 @@ class Model(L.LightningModule):
         ):
             stop_now(self.trainer, self.config["checkpoint"])
         return self.net(batch[1]).pow(2).mean()
+
+    def on_train_epoch_end(self) -> None:
+        if self.config.get("curriculum"):
+            self.trainer.datamodule.train_set.level += 1  # type: ignore[attr-defined]  # on every rank alike
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self.log("val_loss", self.net(batch[1]).pow(2).mean(), sync_dist=True)
@@ -147,8 +165,9 @@ class PlainData(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader[Any]:
         relisted = self.config.get("relist_on_resume", False) and self.config["phase"].startswith("resume")
-        dataset = IdDataset(self.config["dataset_size"], relisted=relisted)
-        return make_loader(self.config, dataset, self.config["shuffle"], self.config["drop_last"])
+        dataset_type = CurriculumDataset if self.config.get("curriculum") else IdDataset
+        self.train_set = dataset_type(self.config["dataset_size"], relisted=relisted)
+        return make_loader(self.config, self.train_set, self.config["shuffle"], self.config["drop_last"])
 
     def val_dataloader(self) -> DataLoader[Any]:
         return DataLoader(IdDataset(8), batch_size=4)
