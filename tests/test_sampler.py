@@ -77,10 +77,10 @@ def test_same_world_size_resume_continues_every_rank_exactly(
     for rank in range(world_size):
         restored = ResumableSampler(range(size), world_size, rank, seed=0, drop_last=drop_last, batch_size=batch_size)
         restored.load_state_dict(json.loads(json.dumps(state)))
-        if state["position"] >= size:
-            assert restored.epoch == epoch + 1
-            continue
         restored.set_epoch(epoch)  # the trainer's set_epoch for the same epoch keeps the position
+        if state["position"] >= size:
+            assert list(restored) == [], "a finished epoch restores as complete"
+            continue
         assert list(restored) == full_streams[rank][consumed * batch_size :]
         assert len(restored) == len(full_streams[rank])
 

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-__all__ = ["MAX_SIZE", "EpochOrder"]
+__all__ = ["MAX_SIZE", "EpochOrder", "position_hash"]
 
 MAX_SIZE = 1 << 40
 """The largest dataset the order supports: positions and halves must fit int64 arithmetic."""
@@ -49,6 +49,20 @@ def _hash32(values: torch.Tensor) -> torch.Tensor:
     values ^= values >> 15
     values.mul_(0xC2B2AE35).bitwise_and_(_MASK32)
     return values
+
+
+def position_hash(seed: int, epoch: int, positions: torch.Tensor, domain: int) -> torch.Tensor:
+    """A 63-bit hash of each position of an epoch, as non-negative int64 values, one stream per ``domain``.
+
+    The low 32 bits are a bijection of ``positions & 0xFFFFFFFF`` for a fixed ``positions >> 32``, so
+    no two positions of an epoch of up to 4B share them.
+    """
+    key = _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ domain) ^ epoch)
+    low_key, high_key = key & _MASK32, key >> 32
+    low = _hash32((positions & _MASK32) ^ low_key)
+    low = _hash32(low ^ (positions >> 32) ^ high_key)  # positions >> 32 is 0 below 4B samples
+    high = _hash32(low ^ low_key) >> 1  # 31 bits, so the int64 stays non-negative
+    return (high << 32) | low
 
 
 class EpochOrder:

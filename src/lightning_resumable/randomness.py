@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 from lightning_resumable.errors import NotInSampleFetchError
-from lightning_resumable.order import _hash32, _splitmix64
+from lightning_resumable.order import _splitmix64, position_hash
 
 __all__ = [
     "SampleKey",
@@ -61,15 +61,10 @@ T_co = TypeVar("T_co", covariant=True)
 def sample_seeds(seed: int, epoch: int, positions: torch.Tensor) -> torch.Tensor:
     """The seed of each global position of an epoch, as non-negative int64 values below 2**63.
 
-    Within an epoch, positions below 2**32 get distinct low 32 bits (each step is a bijection of
-    32-bit values), so no two samples of an epoch of up to 4B samples share torch's seed.
+    Within an epoch, positions below 2**32 get distinct low 32 bits, so no two samples of an epoch of
+    up to 4B samples share torch's seed.
     """
-    key = _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ _SAMPLE_DOMAIN) ^ epoch)
-    low_key, high_key = key & _MASK32, key >> 32
-    low = _hash32((positions & _MASK32) ^ low_key)
-    low = _hash32(low ^ (positions >> 32) ^ high_key)  # positions >> 32 is 0 below 4B samples
-    high = _hash32(low ^ low_key) >> 1  # 31 bits, so the int64 stays non-negative
-    return (high << 32) | low
+    return position_hash(seed, epoch, positions, _SAMPLE_DOMAIN)
 
 
 def step_seed(seed: int, epoch: int, batch_index: int) -> int:
