@@ -381,7 +381,10 @@ def verification_table(batch_sizes: list[int], rounds: int) -> None:
     print("-" * 62)
     for batch_size in batch_sizes:
         dataset = CropFlip(size=100_000)
-        loader = DataLoader(SampleSeededDataset(dataset), batch_size=batch_size, collate_fn=default_collate)
+        sampler = ResumableSampler(dataset, 1, 0, seed=7, batch_size=batch_size, sample_keys=True)
+        loader = DataLoader(
+            SampleSeededDataset(dataset), batch_size=batch_size, sampler=sampler, collate_fn=default_collate
+        )
         state = DataState(7, 3, 40_000, 40_000 // batch_size, 100_000, True, False, batch_size, 1)
         saved = [fingerprint_next_batch(loader, state, 0, 1)]
         save_ms = per_call_us(lambda: fingerprint_next_batch(loader, state, 0, 1), 3, rounds) / 1000  # noqa: B023

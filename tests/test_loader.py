@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable import ResumableSampler, UnsupportedLoaderError
@@ -90,8 +90,6 @@ class MyLoader(DataLoader[Any]):
         ([DataLoader(Squares())], "returned a list"),
         (DataLoader(Numbers()), "iterable-style datasets"),
         (DataLoader(HalfStatefulSquares()), "only one of state_dict/load_state_dict"),
-        (DataLoader(Squares(), sampler=RandomSampler(Squares(), replacement=True)), "replacement=True"),
-        (DataLoader(Squares(), sampler=RandomSampler(Squares(), num_samples=5)), "num_samples=5"),
         (DataLoader(Squares(), sampler=[3, 1, 2]), "sampler is a list"),
         (DataLoader(Squares(), batch_sampler=BatchSampler(SequentialSampler(Squares()), 2, False)), "batch_sampler"),
         (MyLoader(Squares()), "MyLoader, a DataLoader subclass"),

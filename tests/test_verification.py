@@ -69,7 +69,7 @@ def test_changed_content_is_refused_before_any_resumed_step(
     model = RowModel()
     with pytest.raises(ResumeVerificationError, match=f"rank 0: it has the {named}|rank 0: .*{named}") as raised:
         trainer(tmp_path, [ResumableDataCallback()], max_epochs=2).fit(model, RowsData(**changed), ckpt_path=path)
-    assert "epoch 0, global position 6 of 16" in str(raised.value)
+    assert "epoch 0, global position 6, written on 1 processes" in str(raised.value)
     assert not hasattr(model, "trained_steps"), "a resumed step trained on the wrong batch"
 
 

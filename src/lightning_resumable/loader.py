@@ -17,10 +17,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import (
+    DataLoader,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler as TorchdataRandomSampler
 
+from lightning_resumable.draws import (
+    Draws,
+    Permutation,
+    RepeatedPermutation,
+    SubsetPermutation,
+    UniformDraws,
+    WeightedDraws,
+)
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
@@ -28,24 +44,32 @@ from lightning_resumable.sampler import ResumableSampler
 __all__ = ["make_resumable"]
 
 
-def _shuffle_of(sampler: object) -> bool:
-    """Whether the user's sampler shuffles; refuses samplers whose order we cannot reproduce."""
+def _draws_of(sampler: object, dataset_size: int) -> Draws:
+    """Counter-based draws with the distribution of the user's sampler; refuses samplers we cannot reproduce.
+
+    The sampler's own ``generator`` is not used: the draws are keyed by the run's seed.
+    """
     if isinstance(sampler, (RandomSampler, TorchdataRandomSampler)):
-        if getattr(sampler, "replacement", False):
-            raise UnsupportedLoaderError("a RandomSampler with replacement=True cannot be resumed exactly")
-        num_samples = getattr(sampler, "_num_samples", None)
-        if num_samples is not None:
-            raise UnsupportedLoaderError(
-                f"a RandomSampler with num_samples={num_samples} cannot be resumed exactly; drop num_samples"
-            )
-        return True
+        num_samples = int(sampler.num_samples)
+        if sampler.replacement:
+            return UniformDraws(dataset_size, num_samples)
+        if num_samples != dataset_size:
+            return RepeatedPermutation(dataset_size, num_samples)
+        return Permutation(dataset_size, shuffle=True)
     if isinstance(sampler, SequentialSampler):
-        return False
-    if isinstance(sampler, DistributedSampler):  # ResumableSampler included
-        return bool(sampler.shuffle)
+        return Permutation(dataset_size, shuffle=False)
+    if isinstance(sampler, ResumableSampler):
+        return sampler.draws
+    if isinstance(sampler, DistributedSampler):
+        return Permutation(dataset_size, shuffle=bool(sampler.shuffle))
+    if isinstance(sampler, WeightedRandomSampler):
+        return WeightedDraws(sampler.weights, sampler.num_samples, sampler.replacement)
+    if isinstance(sampler, SubsetRandomSampler):
+        return SubsetPermutation(list(sampler.indices), dataset_size)
     raise UnsupportedLoaderError(
-        f"the train loader's sampler is a {type(sampler).__name__}; only shuffle=True/False, RandomSampler,"
-        " SequentialSampler and DistributedSampler can be made resumable"
+        f"the train loader's sampler is a {type(sampler).__name__}; shuffle=True/False, RandomSampler (with or"
+        " without replacement and num_samples), SequentialSampler, DistributedSampler, WeightedRandomSampler and"
+        " SubsetRandomSampler can be made resumable"
     )
 
 
@@ -92,15 +116,17 @@ def make_resumable(
             "the train loader uses a custom batch_sampler (or batch_size=None); pass batch_size and a sampler"
             " or shuffle instead"
         )
-    shuffle = _shuffle_of(loader.sampler)
+    dataset_size = len(dataset)  # type: ignore[arg-type]  # map-style datasets are sized
+    draws = _draws_of(loader.sampler, dataset_size)
     sampler = ResumableSampler(
-        dataset,  # type: ignore[arg-type]  # map-style datasets are sized; len() below proves it
+        dataset,  # type: ignore[arg-type]
         num_replicas=num_replicas,
         rank=rank,
-        shuffle=shuffle,
+        shuffle=not (isinstance(draws, Permutation) and not draws.shuffle),
         seed=seed,
         drop_last=False,
         batch_size=loader.batch_size,
+        draws=draws,
         sample_keys=True,
     )
     extra: dict[str, Any] = {}

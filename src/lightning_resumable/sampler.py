@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler
 
-from lightning_resumable.order import MAX_SIZE, EpochOrder
+from lightning_resumable.draws import Draws, Permutation
+from lightning_resumable.order import MAX_SIZE
 from lightning_resumable.randomness import SampleKey, sample_seeds
 from lightning_resumable.state import DataState
 
@@ -51,6 +52,9 @@ class ResumableSampler(DistributedSampler[Any]):
         seed: the shuffle seed; part of the persisted state.
         drop_last: drop the tail that does not divide evenly across ranks instead of padding.
         batch_size: samples per batch on each rank; converts the trainer's batch counts to positions.
+        draws: what the epoch's stream draws (:mod:`lightning_resumable.draws`): weighted, with
+            replacement, a subset... ``None`` is a permutation of the dataset (or the identity
+            without ``shuffle``). Its ``length`` is the epoch's stream, split across the ranks.
         sample_keys: yield ``(index, sample seed)`` pairs instead of indices, the seed derived from
             ``(seed, epoch, global position)``, for a
             :class:`~lightning_resumable.randomness.SampleSeededDataset` to fetch each sample under its
@@ -82,6 +86,7 @@ class ResumableSampler(DistributedSampler[Any]):
         seed: int = 0,
         drop_last: bool = False,
         batch_size: int = 1,
+        draws: Draws | None = None,
         sample_keys: bool = False,
     ) -> None:
         super().__init__(
@@ -98,6 +103,13 @@ class ResumableSampler(DistributedSampler[Any]):
             raise ValueError(f"datasets of up to 2**40 samples are supported, got {len(dataset)}")
         self.batch_size = batch_size
         self.dataset_size = len(dataset)
+        self.draws = draws if draws is not None else Permutation(self.dataset_size, shuffle)
+        if self.draws.dataset_size > self.dataset_size or self.draws.length > MAX_SIZE:
+            raise ValueError(
+                f"the draws ({self.draws.describe()}) index {self.draws.dataset_size} samples in a stream of"
+                f" {self.draws.length}, for a dataset of {self.dataset_size}"
+            )
+        self.stream_length = self.draws.length
         self.sample_keys = sample_keys
         # Where the current (or next) iteration's stream starts: 0 for a fresh pass, the restored
         # global position (and the trainer's batch count at that position) after load_state_dict.
@@ -126,7 +138,7 @@ class ResumableSampler(DistributedSampler[Any]):
     # -------------------------------------------------------------------------------- iteration
     def _samples_per_rank(self) -> int:
         """Samples this rank yields from the origin to the end of the epoch."""
-        remaining = max(0, self.dataset_size - self._origin_position)
+        remaining = max(0, self.stream_length - self._origin_position)
         if self.drop_last:
             return remaining // self.num_replicas
         return -(-remaining // self.num_replicas)
@@ -146,7 +158,6 @@ class ResumableSampler(DistributedSampler[Any]):
         stop = start + self._samples_per_rank() * stride
         if stop <= start:
             return  # an empty dataset, or nothing left for this rank
-        order = EpochOrder(self.dataset_size, self.seed, self.epoch, self.shuffle)
         handed_out_before = 0
         chunk_start, chunk_size = start, _FIRST_CHUNK
         while chunk_start < stop:
@@ -156,11 +167,11 @@ class ResumableSampler(DistributedSampler[Any]):
             # Seeds are keyed by the position before padding wraps it, so a padded repeat of an index
             # draws other augmentations than its first occurrence.
             seeds = sample_seeds(self.seed, self.epoch, positions).tolist() if self.sample_keys else None
-            if positions[-1] >= self.dataset_size:
-                # Padding wraps around to the start of the epoch order, as DistributedSampler does.
-                wrapped = (positions - self.dataset_size) % self.dataset_size
-                positions = torch.where(positions >= self.dataset_size, wrapped, positions)
-            indices = order(positions).tolist()
+            if positions[-1] >= self.stream_length:
+                # Padding wraps around to the start of the epoch's stream, as DistributedSampler does.
+                wrapped = (positions - self.stream_length) % self.stream_length
+                positions = torch.where(positions >= self.stream_length, wrapped, positions)
+            indices = self.draws(self.seed, self.epoch, positions).tolist()
             chunk: list[Any] = indices if seeds is None else list(zip(indices, seeds, strict=True))
             chunk_iterator = iter(chunk)
             self._chunk = (handed_out_before, len(chunk), chunk_iterator)
@@ -214,6 +225,7 @@ class ResumableSampler(DistributedSampler[Any]):
             drop_last=self.drop_last,
             batch_size=self.batch_size,
             world_size=self.num_replicas,
+            draws=self.draws.describe(),
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -16,7 +16,8 @@ from lightning_resumable.errors import IncompatibleStateError, StateFormatError
 
 __all__ = ["STATE_VERSION", "DataState"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)  # version 1 had no ``draws``: it was always a permutation
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class DataState:
         drop_last: the sampler's ``drop_last`` (drop the tail that does not divide across ranks).
         batch_size: samples per batch on each rank.
         world_size: number of processes that wrote the state.
+        draws: what the epoch's stream draws (``permutation``, ``weighted-with-replacement(...)``...);
+            a resume with other draws is refused.
     """
 
     seed: int
@@ -45,9 +48,10 @@ class DataState:
     drop_last: bool
     batch_size: int
     world_size: int
+    draws: str = "permutation"
     version: int = STATE_VERSION
 
-    def to_dict(self) -> dict[str, int | bool]:
+    def to_dict(self) -> dict[str, int | bool | str]:
         return asdict(self)
 
     @classmethod
@@ -56,16 +60,18 @@ class DataState:
         if not isinstance(raw, Mapping):
             raise StateFormatError(f"data state must be a dict, got {type(raw).__name__}")
         version = raw.get("version")
-        if version != STATE_VERSION:
+        if version not in _READABLE_VERSIONS:
             raise StateFormatError(
-                f"data state version {version!r} is not supported (this library reads version {STATE_VERSION})"
+                f"data state version {version!r} is not supported (this library reads versions {_READABLE_VERSIONS})"
             )
+        if version == 1:
+            raw = {**raw, "draws": "permutation" if raw.get("shuffle") else "sequential", "version": STATE_VERSION}
         values: dict[str, Any] = {}
         for field in fields(cls):
             if field.name not in raw:
                 raise StateFormatError(f"data state lacks the key {field.name!r}")
             value = raw[field.name]
-            expected = bool if field.type in ("bool", bool) else int
+            expected = {"bool": bool, "str": str}.get(str(field.type), int)
             if type(value) is not expected:
                 raise StateFormatError(
                     f"data state key {field.name!r} must be {expected.__name__}, got {type(value).__name__}"
@@ -84,7 +90,7 @@ class DataState:
         The world size is not compared here: a changed world size is an elastic resume, which the
         sampler handles and the callback polices.
         """
-        names = ("dataset_size", "shuffle", "drop_last", "batch_size")
+        names = ("dataset_size", "shuffle", "drop_last", "batch_size", "draws")
         differences = [
             f"{name}: checkpoint {getattr(self, name)!r}, now {getattr(current, name)!r}"
             for name in names

@@ -15,6 +15,7 @@ rank ``j`` of the resumed run re-fetches the batches of the saving ranks ``j, j 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import itertools
@@ -108,18 +109,11 @@ def digest_of(value: object) -> str:
 
 
 # ---------------------------------------------------------------------------------- the batch
-def next_batch_keys(state: DataState, rank: int, world_size: int) -> list[SampleKey]:
-    """The sample keys of the batch that ``rank`` of ``world_size`` trains next from ``state``."""
-    peek = ResumableSampler(
-        range(state.dataset_size),
-        num_replicas=world_size,
-        rank=rank,
-        shuffle=state.shuffle,
-        seed=state.seed,
-        drop_last=state.drop_last,
-        batch_size=state.batch_size,
-        sample_keys=True,
-    )
+def next_batch_keys(sampler: ResumableSampler, state: DataState, rank: int, world_size: int) -> list[SampleKey]:
+    """The sample keys of the batch that ``rank`` of ``world_size`` trains next from ``state``, drawn as
+    ``sampler`` draws (a copy is restored; ``sampler`` itself is left as it is)."""
+    peek = copy.copy(sampler)
+    peek.num_replicas, peek.rank, peek.sample_keys = world_size, rank, True
     peek.load_state_dict(state.to_dict())
     return list(itertools.islice(iter(peek), state.batch_size))
 
@@ -129,10 +123,10 @@ def fingerprint_next_batch(loader: DataLoader[Any], state: DataState, rank: int,
 
     The main process's global generators are left as they were.
     """
-    dataset = loader.dataset
-    if not isinstance(dataset, SampleSeededDataset):
-        raise TypeError(f"the loader's dataset must be a SampleSeededDataset, got {type(dataset).__name__}")
-    keys = next_batch_keys(state, rank, world_size)
+    dataset, sampler = loader.dataset, loader.sampler
+    if not isinstance(dataset, SampleSeededDataset) or not isinstance(sampler, ResumableSampler):
+        raise TypeError("the loader must be one that make_resumable built (a SampleSeededDataset, a ResumableSampler)")
+    keys = next_batch_keys(sampler, state, rank, world_size)
     samples = dataset.fetch(keys, seed_globals=True, restore_globals=True)  # a save may happen mid-step
     batch = loader.collate_fn(samples) if samples else None
     return BatchFingerprint(ids=digest_of(keys), content=digest_of(batch))
@@ -182,8 +176,8 @@ def check_fingerprints(
         problems.append(f"rank {saving_rank}: {what}")
     if problems:
         raise ResumeVerificationError(
-            f"the batch after the checkpoint (epoch {state.epoch}, global position {state.position} of"
-            f" {state.dataset_size}, written on {state.world_size} processes) is not the batch the checkpoint"
+            f"the batch after the checkpoint (epoch {state.epoch}, global position {state.position}, written on"
+            f" {state.world_size} processes) is not the batch the checkpoint"
             " recorded; training on would not continue the interrupted run. "
             + "; ".join(problems)
             + ". If the dataset cannot return the same content twice under a fixed seed (it reads the clock or"
