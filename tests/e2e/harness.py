@@ -33,6 +33,8 @@ class Scenario:
     so scenarios share runs only with equal options. ``relist_on_resume`` makes the resumed run's
     dataset read its rows in another order (its stopped and uninterrupted runs are the base ones).
     ``curriculum`` trains on a dataset with state of its own, a level raised at each epoch's end.
+    ``sampler`` is ``shuffle`` (the ``shuffle`` flag) or a standard sampler: ``weighted``,
+    ``replacement``, ``num_samples``, ``subset`` (see ``train.make_sampler``).
     """
 
     world_size: int
@@ -53,6 +55,7 @@ class Scenario:
     callback_options: tuple[tuple[str, bool], ...] = ()
     relist_on_resume: bool = False
     curriculum: bool = False
+    sampler: str = "shuffle"
 
     @property
     def batches_per_epoch(self) -> int:
@@ -98,6 +101,8 @@ class Scenario:
             parts.append("relisted")
         if self.curriculum:
             parts.append("curriculum")
+        if self.sampler != "shuffle":
+            parts.append(self.sampler)
         if not self.resumable:
             parts.append("CONTROL")
         return "-".join(parts)

@@ -21,6 +21,7 @@ import torch
 
 from .harness import Outcome, Runner, Scenario, run_phase
 from .pairwise import all_pairs, pairs_of, pairwise
+from .train import subset_of, weights_of
 
 DIMENSIONS: dict[str, list[object]] = {
     "stop_kind": ["batch_end", "last_batch", "in_step", "validation", "est_steps"],
@@ -93,6 +94,20 @@ def test_a_dataset_with_its_own_state_resumes_exactly(runner: Runner) -> None:
     assert outcome.stream_mismatches() == []
     levels = {level for records in outcome.resumed.values() for record in records for level in record["level"]}
     assert levels == {1, 2}, "the resumed run trains at the levels the interrupted run had reached"
+
+
+@pytest.mark.parametrize("sampler", ["weighted", "replacement", "num_samples", "subset"])
+def test_each_standard_sampler_resumes_exactly(runner: Runner, sampler: str) -> None:
+    scenario = Scenario(world_size=2, num_workers=2, sampler=sampler)
+    outcome = runner.run(scenario)
+    assert outcome.stream_mismatches() == []
+    trained = [i for records in outcome.full.values() for record in records for i in record["ids"]]
+    if sampler == "weighted":
+        assert not {i for i in trained if weights_of(scenario.dataset_size)[i] == 0}, "a zero weight was drawn"
+    if sampler == "subset":
+        assert set(trained) == set(subset_of(scenario.dataset_size)), "only the subset, all of it"
+    if sampler == "num_samples":
+        assert len(trained) == scenario.epochs * (scenario.dataset_size + 13 + 1)  # one sample of padding
 
 
 def test_a_dataset_relisted_before_the_resume_is_refused_before_any_step_trains(runner: Runner) -> None:

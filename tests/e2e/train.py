@@ -28,7 +28,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler, SubsetRandomSampler, WeightedRandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable import ResumableDataCallback, ResumableDataModule
@@ -145,13 +145,39 @@ class Model(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
+def weights_of(size: int) -> list[float]:
+    """Every fifth sample never drawn, the others weighted 1 to 3."""
+    return [0.0 if index % 5 == 0 else 1.0 + index % 3 for index in range(size)]
+
+
+def subset_of(size: int) -> list[int]:
+    return [index for index in range(size) if index % 3 != 1]
+
+
+def make_sampler(config: dict[str, Any], dataset: Dataset[Any]) -> Sampler[int] | None:
+    """The scenario's standard sampler, or None for ``shuffle``."""
+    size = config["dataset_size"]
+    kind = config.get("sampler", "shuffle")
+    if kind == "weighted":
+        return WeightedRandomSampler(weights_of(size), num_samples=size)
+    if kind == "replacement":
+        return RandomSampler(dataset, replacement=True)  # type: ignore[arg-type]
+    if kind == "num_samples":
+        return RandomSampler(dataset, num_samples=size + 13)  # type: ignore[arg-type]
+    if kind == "subset":
+        return SubsetRandomSampler(subset_of(size))
+    return None
+
+
 def make_loader(config: dict[str, Any], dataset: Dataset[Any], shuffle: bool, drop_last: bool) -> DataLoader[Any]:
     loader_type = StatefulDataLoader if config["loader"] == "StatefulDataLoader" else DataLoader
     workers = config["num_workers"]
+    sampler = make_sampler(config, dataset)
     return loader_type(
         dataset,
         batch_size=config["batch_size"],
-        shuffle=shuffle,
+        shuffle=shuffle if sampler is None else None,
+        sampler=sampler,
         drop_last=drop_last,
         num_workers=workers,
         persistent_workers=workers > 0 and config.get("persistent_workers", False),
