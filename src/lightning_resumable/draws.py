@@ -142,10 +142,12 @@ class WeightedDraws(Draws):
         self.dataset_size, self.length, self.replacement = self.weights.numel(), num_samples, replacement
         self._cumulative = self.weights.cumsum(0)
         self._epoch_order: tuple[int, int, torch.Tensor] | None = None  # (seed, epoch, order) without replacement
+        kind = "with" if replacement else "without"
+        # Digested once: describe() runs at every save and restore, which must not cost O(N).
+        self._description = f"weighted-{kind}-replacement(num_samples={num_samples}, weights={_digest(self.weights)})"
 
     def describe(self) -> str:
-        kind = "with" if self.replacement else "without"
-        return f"weighted-{kind}-replacement(num_samples={self.length}, weights={_digest(self.weights)})"
+        return self._description
 
     def __call__(self, seed: int, epoch: int, positions: torch.Tensor) -> torch.Tensor:
         if self.replacement:
@@ -173,9 +175,10 @@ class SubsetPermutation(Draws):
         if int(self.indices.min()) < 0 or int(self.indices.max()) >= dataset_size:
             raise ValueError(f"the subset's indices must lie in [0, {dataset_size})")
         self.length, self.dataset_size = self.indices.numel(), dataset_size
+        self._description = f"subset-permutation(size={self.length}, indices={_digest(self.indices)})"
 
     def describe(self) -> str:
-        return f"subset-permutation(size={self.length}, indices={_digest(self.indices)})"
+        return self._description
 
     def __call__(self, seed: int, epoch: int, positions: torch.Tensor) -> torch.Tensor:
         return self.indices[EpochOrder(self.length, seed, epoch)(positions)]
