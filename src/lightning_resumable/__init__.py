@@ -1,5 +1,6 @@
 """Exact mid-epoch resume for PyTorch Lightning under DDP."""
 
+from lightning_resumable.batches import ResumableBatchSampler
 from lightning_resumable.callback import ResumableDataCallback
 from lightning_resumable.contract import PassThroughWrapper
 from lightning_resumable.datamodule import ResumableDataModule
@@ -31,6 +32,7 @@ __all__ = [
     "MissingStateError",
     "NotInSampleFetchError",
     "PassThroughWrapper",
+    "ResumableBatchSampler",
     "ResumableDataCallback",
     "ResumableDataModule",
     "ResumableSampler",

@@ -304,6 +304,12 @@ class ResumableDataCallback(pl.Callback):
             # The epoch resumed on a new world size is over; count the next ones on the new size.
             self._resized_epoch = None
             rebuild_train_loader_at_next_epoch(trainer)
+        elif self._sampler is not None:
+            # A batch sampler's epochs may hold different numbers of batches: Lightning counts them
+            # once per loader build.
+            draws, seed, epoch = self._sampler.draws, self._sampler.seed, trainer.current_epoch
+            if draws.epoch_length(seed, epoch + 1) != draws.epoch_length(seed, epoch):
+                rebuild_train_loader_at_next_epoch(trainer)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int

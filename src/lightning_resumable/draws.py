@@ -60,6 +60,10 @@ class Draws:
         """What identifies the draws in a checkpoint: a resume with other draws is refused."""
         raise NotImplementedError
 
+    def epoch_length(self, seed: int, epoch: int) -> int:
+        """Positions in the epoch's stream: ``length``, unless the draws vary it by epoch."""
+        return self.length
+
     def __call__(self, seed: int, epoch: int, positions: torch.Tensor) -> torch.Tensor:
         """Dataset indices at ``positions`` (int64, each in ``[0, length)``), one vectorised pass."""
         raise NotImplementedError

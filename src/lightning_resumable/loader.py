@@ -29,6 +29,7 @@ from torch.utils.data import (
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler as TorchdataRandomSampler
 
+from lightning_resumable.batches import BatchDraws, ResumableBatchSampler
 from lightning_resumable.draws import (
     Draws,
     Permutation,
@@ -111,12 +112,16 @@ def make_resumable(
             f"the dataset {type(dataset).__name__} has only one of state_dict/load_state_dict; its state could be"
             " saved but not restored, or the reverse"
         )
+    dataset_size = len(dataset)  # type: ignore[arg-type]  # map-style datasets are sized
+    if isinstance(loader.batch_sampler, ResumableBatchSampler):
+        return _batch_stream_loader(
+            loader, loader.batch_sampler, seed, num_replicas, rank, seed_samples, restore_globals, dataset_size
+        )
     if loader.batch_size is None:
         raise UnsupportedLoaderError(
-            "the train loader uses a custom batch_sampler (or batch_size=None); pass batch_size and a sampler"
-            " or shuffle instead"
+            f"the train loader uses a custom batch_sampler ({type(loader.batch_sampler).__name__}) or"
+            " batch_size=None; subclass lightning_resumable.ResumableBatchSampler, or pass batch_size and a sampler"
         )
-    dataset_size = len(dataset)  # type: ignore[arg-type]  # map-style datasets are sized
     draws = _draws_of(loader.sampler, dataset_size)
     sampler = ResumableSampler(
         dataset,  # type: ignore[arg-type]
@@ -129,18 +134,63 @@ def make_resumable(
         draws=draws,
         sample_keys=True,
     )
+    seeded = SampleSeededDataset(dataset, seed_globals=seed_samples, restore_globals=restore_globals)
+    return _rebuilt(loader, seeded, sampler, batch_size=loader.batch_size, collate_fn=loader.collate_fn)
+
+
+def _already_collated(batch: Any) -> Any:
+    """The collate_fn of a loader whose dataset returns whole, collated batches."""
+    return batch
+
+
+def _batch_stream_loader(
+    loader: DataLoader[Any],
+    batch_sampler: ResumableBatchSampler,
+    seed: int,
+    num_replicas: int,
+    rank: int,
+    seed_samples: bool,
+    restore_globals: bool,
+    dataset_size: int,
+) -> DataLoader[Any]:
+    """A loader over a batch sampler's global stream: each sampler element is one batch of keys
+    (``batch_size=None``), fetched and collated by the dataset wrapper, in the worker."""
+    sampler = ResumableSampler(
+        loader.dataset,  # type: ignore[arg-type]
+        num_replicas=num_replicas,
+        rank=rank,
+        seed=seed,
+        drop_last=bool(getattr(batch_sampler, "drop_last", False)),
+        batch_size=1,  # a step is one element of the stream
+        draws=BatchDraws(batch_sampler, dataset_size),
+        sample_keys=True,
+    )
+    seeded = SampleSeededDataset(
+        loader.dataset, seed_globals=seed_samples, restore_globals=restore_globals, collate_fn=loader.collate_fn
+    )
+    return _rebuilt(loader, seeded, sampler, batch_size=None, collate_fn=_already_collated)
+
+
+def _rebuilt(
+    loader: DataLoader[Any],
+    dataset: SampleSeededDataset[Any],
+    sampler: ResumableSampler,
+    batch_size: int | None,
+    collate_fn: Any,
+) -> DataLoader[Any]:
+    """``loader`` with another dataset, sampler and collation; every other setting kept."""
     extra: dict[str, Any] = {}
     if loader.num_workers > 0:
         extra["prefetch_factor"] = loader.prefetch_factor
         extra["persistent_workers"] = loader.persistent_workers
     return DataLoader(
-        SampleSeededDataset(dataset, seed_globals=seed_samples, restore_globals=restore_globals),
-        batch_size=loader.batch_size,
+        dataset,
+        batch_size=batch_size,
         sampler=sampler,
         num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
+        collate_fn=collate_fn,
         pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
+        drop_last=loader.drop_last if batch_size is not None else False,
         timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn,
         multiprocessing_context=loader.multiprocessing_context,

@@ -22,7 +22,7 @@ created, or whether the run was interrupted. Nothing is persisted: the seeds are
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -182,12 +182,21 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
             :func:`sample_rng` (whose seeds cost nothing until asked for).
         restore_globals: in the main process, put the global generators back after each batch (about
             70 µs a batch, mostly NumPy's state), so the fetch leaves the caller's stream as it was.
+        collate_fn: for a sampler that yields whole batches (a list of keys per index, with the
+            loader's ``batch_size=None``): the batch is fetched and collated here, in the worker.
     """
 
-    def __init__(self, dataset: Dataset[T_co], seed_globals: bool = True, restore_globals: bool = True) -> None:
+    def __init__(
+        self,
+        dataset: Dataset[T_co],
+        seed_globals: bool = True,
+        restore_globals: bool = True,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+    ) -> None:
         self.dataset = dataset
         self.seed_globals = seed_globals
         self.restore_globals = restore_globals
+        self.collate_fn = collate_fn
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]  # map-style datasets are sized
@@ -197,9 +206,11 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
-    def __getitem__(self, key: SampleKey | Any) -> T_co:
+    def __getitem__(self, key: SampleKey | list[SampleKey] | Any) -> Any:
         if isinstance(key, tuple):
             return self.fetch([key])[0]
+        if isinstance(key, list) and self.collate_fn is not None:
+            return self.collate_fn(self.fetch(key))  # a whole batch from a batch sampler's stream
         return self.dataset[key]  # a plain index (int, NumPy integer, ...): unseeded
 
     def __getitems__(self, keys: Sequence[SampleKey]) -> list[T_co]:

@@ -23,6 +23,8 @@ from lightning_resumable.state import DataState
 
 __all__ = ["ResumableSampler"]
 
+_PLACE_BITS = 20
+"""A sample's key in a batch sampler's stream is ``batch position << 20 | place in the batch``."""
 _FIRST_CHUNK = 256
 _CHUNK = 65536
 """Positions computed per vectorised step: large enough to amortise torch's per-call cost, small
@@ -104,12 +106,11 @@ class ResumableSampler(DistributedSampler[Any]):
         self.batch_size = batch_size
         self.dataset_size = len(dataset)
         self.draws = draws if draws is not None else Permutation(self.dataset_size, shuffle)
-        if self.draws.dataset_size > self.dataset_size or self.draws.length > MAX_SIZE:
+        if self.draws.dataset_size > self.dataset_size:
             raise ValueError(
-                f"the draws ({self.draws.describe()}) index {self.draws.dataset_size} samples in a stream of"
-                f" {self.draws.length}, for a dataset of {self.dataset_size}"
+                f"the draws ({self.draws.describe()}) index {self.draws.dataset_size} samples, but the dataset"
+                f" holds {self.dataset_size}"
             )
-        self.stream_length = self.draws.length
         self.sample_keys = sample_keys
         # Where the current (or next) iteration's stream starts: 0 for a fresh pass, the restored
         # global position (and the trainer's batch count at that position) after load_state_dict.
@@ -136,6 +137,11 @@ class ResumableSampler(DistributedSampler[Any]):
         self._consumed_batches = None
 
     # -------------------------------------------------------------------------------- iteration
+    @property
+    def stream_length(self) -> int:
+        """Positions in the current epoch's global stream (samples, or batches for a batch sampler)."""
+        return self.draws.epoch_length(self.seed, self.epoch)
+
     def _samples_per_rank(self) -> int:
         """Samples this rank yields from the origin to the end of the epoch."""
         remaining = max(0, self.stream_length - self._origin_position)
@@ -153,7 +159,7 @@ class ResumableSampler(DistributedSampler[Any]):
 
     def _chunks(self) -> Iterator[Iterator[int | SampleKey]]:
         """Iterators over consecutive chunks of this rank's indices, computed one vectorised pass each."""
-        stride = self.num_replicas
+        stride, stream_length = self.num_replicas, self.stream_length
         start = self._origin_position + self.rank
         stop = start + self._samples_per_rank() * stride
         if stop <= start:
@@ -166,17 +172,37 @@ class ResumableSampler(DistributedSampler[Any]):
             chunk_start, chunk_size = chunk_stop, min(chunk_size * 4, _CHUNK)
             # Seeds are keyed by the position before padding wraps it, so a padded repeat of an index
             # draws other augmentations than its first occurrence.
-            seeds = sample_seeds(self.seed, self.epoch, positions).tolist() if self.sample_keys else None
-            if positions[-1] >= self.stream_length:
+            unwrapped = positions
+            if positions[-1] >= stream_length:
                 # Padding wraps around to the start of the epoch's stream, as DistributedSampler does.
-                wrapped = (positions - self.stream_length) % self.stream_length
-                positions = torch.where(positions >= self.stream_length, wrapped, positions)
-            indices = self.draws(self.seed, self.epoch, positions).tolist()
-            chunk: list[Any] = indices if seeds is None else list(zip(indices, seeds, strict=True))
+                wrapped = (positions - stream_length) % stream_length
+                positions = torch.where(positions >= stream_length, wrapped, positions)
+            drawn = self.draws(self.seed, self.epoch, positions)
+            chunk: list[Any]
+            if isinstance(drawn, torch.Tensor):
+                indices = drawn.tolist()
+                if self.sample_keys:
+                    chunk = list(zip(indices, sample_seeds(self.seed, self.epoch, unwrapped).tolist(), strict=True))
+                else:
+                    chunk = indices
+            else:  # a batch sampler's stream: each position is a whole batch
+                chunk = self._keyed_batches(drawn, unwrapped) if self.sample_keys else drawn
             chunk_iterator = iter(chunk)
             self._chunk = (handed_out_before, len(chunk), chunk_iterator)
             yield chunk_iterator
             handed_out_before += len(chunk)
+
+    def _keyed_batches(self, batches: list[list[int]], positions: torch.Tensor) -> list[list[SampleKey]]:
+        """Each sample of each batch with its seed, keyed by (batch position, place in the batch)."""
+        sizes = [len(batch) for batch in batches]
+        sample_positions = torch.cat(
+            [
+                (position << _PLACE_BITS) + torch.arange(size)
+                for position, size in zip(positions.tolist(), sizes, strict=True)
+            ]
+        )
+        seeds = iter(sample_seeds(self.seed, self.epoch, sample_positions).tolist())
+        return [[(index, next(seeds)) for index in batch] for batch in batches]
 
     def __iter__(self) -> Iterator[Any]:
         if self._origin_is_restored:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from lightning_resumable.errors import ResumeVerificationError, StateFormatError
-from lightning_resumable.randomness import SampleKey, SampleSeededDataset
+from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
 
@@ -109,7 +109,7 @@ def digest_of(value: object) -> str:
 
 
 # ---------------------------------------------------------------------------------- the batch
-def next_batch_keys(sampler: ResumableSampler, state: DataState, rank: int, world_size: int) -> list[SampleKey]:
+def next_batch_keys(sampler: ResumableSampler, state: DataState, rank: int, world_size: int) -> list[Any]:
     """The sample keys of the batch that ``rank`` of ``world_size`` trains next from ``state``, drawn as
     ``sampler`` draws (a copy is restored; ``sampler`` itself is left as it is)."""
     peek = copy.copy(sampler)
@@ -126,9 +126,14 @@ def fingerprint_next_batch(loader: DataLoader[Any], state: DataState, rank: int,
     dataset, sampler = loader.dataset, loader.sampler
     if not isinstance(dataset, SampleSeededDataset) or not isinstance(sampler, ResumableSampler):
         raise TypeError("the loader must be one that make_resumable built (a SampleSeededDataset, a ResumableSampler)")
-    keys = next_batch_keys(sampler, state, rank, world_size)
+    elements = next_batch_keys(sampler, state, rank, world_size)
+    keys: list[Any] = elements
+    collate = loader.collate_fn
+    if elements and isinstance(elements[0], list):  # a batch sampler's stream: one element is the batch
+        keys = elements[0]
+        collate = dataset.collate_fn or collate
     samples = dataset.fetch(keys, seed_globals=True, restore_globals=True)  # a save may happen mid-step
-    batch = loader.collate_fn(samples) if samples else None
+    batch = collate(samples) if samples else None
     return BatchFingerprint(ids=digest_of(keys), content=digest_of(batch))
 
 
