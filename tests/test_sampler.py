@@ -175,6 +175,16 @@ def test_a_restore_applies_to_the_next_pass_only() -> None:
     assert len(restored) == len(whole_epoch)
 
 
+def test_an_iterator_created_but_never_advanced_does_not_use_up_the_restore() -> None:
+    """torch's multi-worker iterator calls iter(sampler) twice and iterates only the second."""
+    sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
+    sampler.set_consumed_batches(3)
+    restored = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
+    restored.load_state_dict(sampler.state_dict())
+    iter(restored)  # the discarded one
+    assert list(iter(restored)) == list(sampler)[12:]
+
+
 def test_a_state_saved_after_the_last_sample_restores_as_a_complete_epoch() -> None:
     """As torchdata's StatefulDistributedSampler: nothing more of that epoch, until set_epoch moves on."""
     sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)

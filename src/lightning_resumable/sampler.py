@@ -159,6 +159,11 @@ class ResumableSampler(DistributedSampler[Any]):
 
     def _chunks(self) -> Iterator[Iterator[int | SampleKey]]:
         """Iterators over consecutive chunks of this rank's indices, computed one vectorised pass each."""
+        if self._origin_is_restored:
+            self._origin_is_restored = False  # this pass starts at the restored position; later ones at 0
+        else:
+            self._start_fresh_pass()
+        self._chunk = (0, 0, iter(()))
         stride, stream_length = self.num_replicas, self.stream_length
         start = self._origin_position + self.rank
         stop = start + self._samples_per_rank() * stride
@@ -205,13 +210,9 @@ class ResumableSampler(DistributedSampler[Any]):
         return [[(index, next(seeds)) for index in batch] for batch in batches]
 
     def __iter__(self) -> Iterator[Any]:
-        if self._origin_is_restored:
-            self._origin_is_restored = False  # this pass starts at the restored position; later ones at 0
-        else:
-            self._start_fresh_pass()
-        self._chunk = (0, 0, iter(()))
         # chain hands out the indices at C speed; the chunk iterator it is draining is the one in
-        # self._chunk, so the count of indices handed out stays exact.
+        # self._chunk, so the count of indices handed out stays exact. Nothing happens before the
+        # first next(): torch's multi-worker iterator calls iter() twice and uses only the second.
         return itertools.chain.from_iterable(self._chunks())
 
     def _handed_out_count(self) -> int:

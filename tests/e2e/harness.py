@@ -34,7 +34,8 @@ class Scenario:
     dataset read its rows in another order (its stopped and uninterrupted runs are the base ones).
     ``curriculum`` trains on a dataset with state of its own, a level raised at each epoch's end.
     ``sampler`` is ``shuffle`` (the ``shuffle`` flag) or a standard sampler: ``weighted``,
-    ``replacement``, ``num_samples``, ``subset`` (see ``train.make_sampler``).
+    ``replacement``, ``num_samples``, ``subset`` (see ``train.make_sampler``), or the batch sampler
+    ``bucketing`` (``train.Bucketing``).
     """
 
     world_size: int

@@ -83,3 +83,13 @@ def test_the_same_elastic_resume_twice_is_bit_identical(runner: Runner) -> None:
     scenario = replace(STOPPED_ON_TWO, resume_world_size=1)
     first = runner.resumed(scenario)
     assert runner.resumed(scenario, attempt=2) == first
+
+
+def test_a_bucketing_sampler_resumed_on_one_process_trains_each_sample_of_the_epoch_once(runner: Runner) -> None:
+    """Variable-size batches: the remaining global batches go to the one new rank, every sample once."""
+    scenario = Scenario(world_size=2, num_workers=2, sampler="bucketing", resume_world_size=1)
+    epoch = scenario.stop_epoch
+    before = ids_in_epoch(runner.stopped(scenario), epoch)
+    after = ids_in_epoch(runner.resumed(scenario), epoch)
+    assert before and after
+    assert sorted(before + after) == list(range(scenario.dataset_size))

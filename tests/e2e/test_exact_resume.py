@@ -96,7 +96,7 @@ def test_a_dataset_with_its_own_state_resumes_exactly(runner: Runner) -> None:
     assert levels == {1, 2}, "the resumed run trains at the levels the interrupted run had reached"
 
 
-@pytest.mark.parametrize("sampler", ["weighted", "replacement", "num_samples", "subset"])
+@pytest.mark.parametrize("sampler", ["weighted", "replacement", "num_samples", "subset", "bucketing"])
 def test_each_standard_sampler_resumes_exactly(runner: Runner, sampler: str) -> None:
     scenario = Scenario(world_size=2, num_workers=2, sampler=sampler)
     outcome = runner.run(scenario)
@@ -106,6 +106,8 @@ def test_each_standard_sampler_resumes_exactly(runner: Runner, sampler: str) -> 
         assert not {i for i in trained if weights_of(scenario.dataset_size)[i] == 0}, "a zero weight was drawn"
     if sampler == "subset":
         assert set(trained) == set(subset_of(scenario.dataset_size)), "only the subset, all of it"
+    if sampler == "bucketing":
+        assert len({len(record["ids"]) for records in outcome.full.values() for record in records}) > 1
     if sampler == "num_samples":
         assert len(trained) == scenario.epochs * (scenario.dataset_size + 13 + 1)  # one sample of padding
 

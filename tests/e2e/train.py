@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler, SubsetRandomSampler, WeightedRandomSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_resumable import ResumableDataCallback, ResumableDataModule
+from lightning_resumable import ResumableBatchSampler, ResumableDataCallback, ResumableDataModule
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -169,9 +169,30 @@ def make_sampler(config: dict[str, Any], dataset: Dataset[Any]) -> Sampler[int] 
     return None
 
 
+class Bucketing(ResumableBatchSampler):
+    """Batches of similar 'lengths' (``1 + index * 7 % 13``) under a budget of 24 padded tokens: sizes vary."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.lengths = [1 + index * 7 % 13 for index in range(size)]
+
+    def epoch_batches(self, epoch: int, generator: torch.Generator) -> list[list[int]]:
+        order = sorted(torch.randperm(len(self.lengths), generator=generator).tolist(), key=self.lengths.__getitem__)
+        batches, batch = [], []
+        for index in order:
+            if batch and (len(batch) + 1) * self.lengths[index] > 24:
+                batches.append(batch)
+                batch = []
+            batch.append(index)
+        batches.append(batch)
+        return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+
+
 def make_loader(config: dict[str, Any], dataset: Dataset[Any], shuffle: bool, drop_last: bool) -> DataLoader[Any]:
     loader_type = StatefulDataLoader if config["loader"] == "StatefulDataLoader" else DataLoader
     workers = config["num_workers"]
+    if config.get("sampler") == "bucketing":
+        return loader_type(dataset, batch_sampler=Bucketing(config["dataset_size"]), num_workers=workers)
     sampler = make_sampler(config, dataset)
     return loader_type(
         dataset,
