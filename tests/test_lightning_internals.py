@@ -34,3 +34,20 @@ def test_the_fit_loop_still_rebuilds_the_train_loader_when_its_combined_loader_i
     assert "if self._combined_loader is not None and not self._should_reload_train_dl" in inspect.getsource(
         _FitLoop.setup_data
     )
+
+
+def test_lightning_still_rebuilds_a_dataloader_subclass_from_its_recorded_arguments() -> None:
+    from lightning.fabric.utilities.data import _replace_dunder_methods
+    from torch.utils.data import DataLoader, SequentialSampler
+
+    from lightning_resumable._lightning import reinstantiate_loader
+
+    class Renamed(DataLoader):  # type: ignore[type-arg]
+        def __init__(self, data: object, size: int, **kwargs: object) -> None:
+            super().__init__(data, batch_size=size, **kwargs)  # type: ignore[arg-type]
+            self.width = size
+
+    with _replace_dunder_methods(DataLoader, "dataset"):
+        original = Renamed(range(10), 4)
+    rebuilt = reinstantiate_loader(original, range(20), SequentialSampler(range(20)))
+    assert type(rebuilt) is Renamed and rebuilt.width == 4 and list(rebuilt.dataset) == list(range(20))

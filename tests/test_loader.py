@@ -80,8 +80,26 @@ class HalfStatefulSquares(Squares):
         return {}
 
 
-class MyLoader(DataLoader[Any]):
-    pass
+class TaggedLoader(DataLoader[Any]):
+    """A subclass with a required argument that it keeps under another name: only replayable from
+    the arguments Lightning records while train_dataloader() runs."""
+
+    def __init__(self, dataset: Any, tag: str, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.label = tag
+
+
+def test_a_dataloader_subclass_is_built_again_by_its_own_class_with_its_own_arguments() -> None:
+    from lightning.fabric.utilities.data import _replace_dunder_methods
+
+    with _replace_dunder_methods(DataLoader, "dataset"):  # what Lightning does around train_dataloader()
+        original = TaggedLoader(Squares(), "mine", batch_size=3, shuffle=True, collate_fn=collate)
+        converted = convert(original)
+    assert type(converted) is TaggedLoader and converted.label == "mine"
+    assert isinstance(converted.sampler, ResumableSampler) and converted.sampler.sample_keys
+    assert (converted.batch_size, converted.collate_fn) == (3, collate)
+    assert converted.dataset.dataset is original.dataset  # type: ignore[attr-defined]
+    assert next(iter(converted)).shape == (3,)
 
 
 @pytest.mark.parametrize(
@@ -92,7 +110,7 @@ class MyLoader(DataLoader[Any]):
         (DataLoader(HalfStatefulSquares()), "only one of state_dict/load_state_dict"),
         (DataLoader(Squares(), sampler=[3, 1, 2]), "sampler is a list"),
         (DataLoader(Squares(), batch_sampler=BatchSampler(SequentialSampler(Squares()), 2, False)), "batch_sampler"),
-        (MyLoader(Squares()), "MyLoader, a DataLoader subclass"),
+        (TaggedLoader(Squares(), "mine"), r"TaggedLoader, a DataLoader subclass that Lightning cannot build again"),
     ],
 )
 def test_unsupported_loaders_are_refused_with_the_reason(loader: object, message: str) -> None:

@@ -1,4 +1,4 @@
-"""Every piece of Lightning internals this library reads, in one place.
+"""Every piece of Lightning internals this library uses, in one place.
 
 Checked against lightning 2.6.6 (the version CI installs); ``tests/test_lightning_internals.py``
 fails if these attributes move. Everything else in the library uses public API only.
@@ -7,11 +7,21 @@ fails if these attributes move. Everything else in the library uses public API o
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import lightning.pytorch as pl
+from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.warnings import PossibleUserWarning
+from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
+from torch.utils.data import DataLoader, Dataset, Sampler
 
-__all__ = ["batches_processed", "rebuild_train_loader_at_next_epoch", "silence_not_resumable_warning"]
+__all__ = [
+    "batches_processed",
+    "rebuild_train_loader_at_next_epoch",
+    "reinstantiate_loader",
+    "silence_not_resumable_warning",
+]
 
 _NOT_RESUMABLE_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
 
@@ -46,3 +56,31 @@ def rebuild_train_loader_at_next_epoch(trainer: pl.Trainer) -> None:
     ``setup_data`` rebuilds when ``_combined_loader`` is ``None``; it runs at every epoch start.
     """
     trainer.fit_loop._combined_loader = None
+
+
+def reinstantiate_loader(loader: DataLoader[Any], dataset: Dataset[Any], sampler: Sampler[Any]) -> DataLoader[Any]:
+    """``loader`` built again by its own class, with ``dataset`` and ``sampler`` in place of its own.
+
+    Lightning's re-instantiation (what ``_update_dataloader`` does to inject a ``DistributedSampler``)
+    replays a ``DataLoader`` subclass's constructor with the arguments it was called with, which
+    Lightning records while ``train_dataloader()`` runs (``__pl_saved_args``), or else reads them from
+    the instance's attributes.
+
+    Raises:
+        ValueError: the constructor cannot be replayed (a required argument it does not keep, no
+            ``**kwargs`` to take the sampler, or no dataset among its arguments); the message says which.
+    """
+    args: tuple[Any, ...]
+    try:
+        args, kwargs = _get_dataloader_init_args_and_kwargs(loader, sampler)
+    except (MisconfigurationException, TypeError) as error:
+        raise ValueError(str(error)) from error
+    # The dataset is whichever recorded argument is the loader's dataset (whatever the subclass names it).
+    original = loader.dataset
+    kwargs = {name: dataset if value is original else value for name, value in kwargs.items()}
+    replaced = any(value is original for value in args) or any(value is dataset for value in kwargs.values())
+    args = tuple(dataset if value is original else value for value in args)
+    if not replaced:
+        raise ValueError(f"{type(loader).__name__} was built without its dataset among the recorded arguments")
+    rebuilt: DataLoader[Any] = _reinstantiate_wrapped_cls(loader, *args, **kwargs)
+    return rebuilt

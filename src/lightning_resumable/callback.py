@@ -191,17 +191,17 @@ class ResumableDataCallback(pl.Callback):
             return
         restored, self._pending = self._pending, None
         saved, fingerprints = restored.state, restored.fingerprints
-        self._restore_dataset(restored.dataset)
         if saved.world_size != sampler.num_replicas:
             message = (
                 f"the checkpoint was written on {saved.world_size} processes and resumes on {sampler.num_replicas},"
-                f" at epoch {saved.epoch}, position {saved.position} of {saved.dataset_size}"
+                f" at epoch {saved.epoch}, global position {saved.position}"
             )
             if not self.allow_world_size_change:
                 raise WorldSizeChangedError(message + "; ResumableDataCallback(allow_world_size_change=False)")
             rank_zero_info(f"lightning_resumable: {message}; the rest of the epoch is split across the new ranks")
             self._resized_epoch = saved.epoch
-        sampler.load_state_dict(saved.to_dict())
+        sampler.load_state_dict(saved.to_dict())  # refuses another setup before anything is changed
+        self._restore_dataset(restored.dataset)
         self._seed = saved.seed
         if not self.verify:
             return

@@ -4,8 +4,11 @@ Promise: the rebuilt loader reads the same dataset with the same batch size, wor
 pinning and ``drop_last``; only the sampler changes, and the dataset is wrapped in a
 :class:`~lightning_resumable.randomness.SampleSeededDataset` so that each sample is fetched under the
 seed of its global position. Anything whose stream we cannot reproduce
-exactly (a custom sampler or batch sampler, an iterable dataset, a ``DataLoader`` subclass with its
-own constructor) is refused with :class:`UnsupportedLoaderError` rather than silently resumed wrong.
+exactly (a sampler or batch sampler other than torch's standard ones and
+:class:`~lightning_resumable.ResumableBatchSampler` subclasses, an iterable dataset, a ``DataLoader``
+subclass whose constructor Lightning cannot replay) is refused with :class:`UnsupportedLoaderError`
+rather than silently resumed wrong. ``DataLoader`` subclasses are built again by Lightning's own
+re-instantiation (see :func:`lightning_resumable._lightning.reinstantiate_loader`).
 A dataset with its own ``state_dict``/``load_state_dict`` is kept; the callback persists its state.
 
 A ``StatefulDataLoader`` is rebuilt as a plain ``DataLoader``: the callback owns the position, so
@@ -29,6 +32,7 @@ from torch.utils.data import (
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler as TorchdataRandomSampler
 
+from lightning_resumable._lightning import reinstantiate_loader
 from lightning_resumable.batches import BatchDraws, ResumableBatchSampler
 from lightning_resumable.draws import (
     Draws,
@@ -99,10 +103,11 @@ def make_resumable(
         )
     if isinstance(loader.dataset, SampleSeededDataset):
         return loader
-    if type(loader) not in (DataLoader, StatefulDataLoader):
+    subclass = type(loader) not in (DataLoader, StatefulDataLoader)
+    if subclass and isinstance(loader.batch_sampler, ResumableBatchSampler):
         raise UnsupportedLoaderError(
-            f"train_dataloader() returned a {type(loader).__name__}, a DataLoader subclass whose constructor"
-            " cannot be replayed; return a DataLoader or StatefulDataLoader, or pass a ResumableSampler yourself"
+            f"train_dataloader() returned a {type(loader).__name__} (a DataLoader subclass) with a"
+            " ResumableBatchSampler; return a DataLoader or StatefulDataLoader with it"
         )
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset):
@@ -135,6 +140,14 @@ def make_resumable(
         sample_keys=True,
     )
     seeded = SampleSeededDataset(dataset, seed_globals=seed_samples, restore_globals=restore_globals)
+    if subclass:
+        try:
+            return reinstantiate_loader(loader, seeded, sampler)
+        except ValueError as error:
+            raise UnsupportedLoaderError(
+                f"train_dataloader() returned a {type(loader).__name__}, a DataLoader subclass that Lightning"
+                f" cannot build again with another sampler: {error}"
+            ) from error
     return _rebuilt(loader, seeded, sampler, batch_size=loader.batch_size, collate_fn=loader.collate_fn)
 
 

@@ -112,6 +112,12 @@ def test_each_standard_sampler_resumes_exactly(runner: Runner, sampler: str) -> 
         assert len(trained) == scenario.epochs * (scenario.dataset_size + 13 + 1)  # one sample of padding
 
 
+def test_a_dataloader_subclass_resumes_exactly(runner: Runner) -> None:
+    """Built again by its own class through Lightning's re-instantiation, with its own arguments."""
+    outcome = runner.run(Scenario(world_size=2, num_workers=2, loader="TaggedLoader"))
+    assert outcome.stream_mismatches() == []
+
+
 def test_a_dataset_relisted_before_the_resume_is_refused_before_any_step_trains(runner: Runner) -> None:
     scenario = Scenario(world_size=2, num_workers=2, relist_on_resume=True)
     resumed = runner.resumed(scenario, expect_failure=True)

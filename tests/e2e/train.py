@@ -188,14 +188,27 @@ class Bucketing(ResumableBatchSampler):
         return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
+class TaggedLoader(DataLoader[Any]):
+    """A DataLoader subclass with a required argument that it keeps under another name."""
+
+    def __init__(self, dataset: Dataset[Any], tag: str, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.label = tag
+
+
 def make_loader(config: dict[str, Any], dataset: Dataset[Any], shuffle: bool, drop_last: bool) -> DataLoader[Any]:
+    if config["loader"] == "TaggedLoader":
+        return TaggedLoader(dataset, "e2e", **loader_arguments(config, dataset, shuffle, drop_last))
     loader_type = StatefulDataLoader if config["loader"] == "StatefulDataLoader" else DataLoader
+    return loader_type(dataset, **loader_arguments(config, dataset, shuffle, drop_last))
+
+
+def loader_arguments(config: dict[str, Any], dataset: Dataset[Any], shuffle: bool, drop_last: bool) -> dict[str, Any]:
     workers = config["num_workers"]
     if config.get("sampler") == "bucketing":
-        return loader_type(dataset, batch_sampler=Bucketing(config["dataset_size"]), num_workers=workers)
+        return {"batch_sampler": Bucketing(config["dataset_size"]), "num_workers": workers}
     sampler = make_sampler(config, dataset)
-    return loader_type(
-        dataset,
+    return dict(
         batch_size=config["batch_size"],
         shuffle=shuffle if sampler is None else None,
         sampler=sampler,
