@@ -23,7 +23,7 @@ from lightning_resumable import (
 from lightning_resumable.batches import BatchDraws
 from lightning_resumable.loader import make_resumable
 
-from .test_callback import Model, trainer
+from .test_callback import Model, SaveAtStep, trainer
 
 
 class Growing(ResumableBatchSampler):
@@ -123,12 +123,7 @@ def test_epochs_of_different_lengths_are_trained_whole_and_resume_exactly(
     assert [sum(epoch == e for epoch, _ in full.seen) for e in range(3)] == [6, 4, 6]
     path = tmp_path / "growing.ckpt"
 
-    class SaveInEpochOne(L.Callback):
-        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-            if trainer.global_step == 8:
-                trainer.save_checkpoint(path)
-
-    trainer(tmp_path, [ResumableDataCallback(), SaveInEpochOne()], max_epochs=3).fit(Recording(), GrowingData())
+    trainer(tmp_path, [ResumableDataCallback(), SaveAtStep(8, path)], max_epochs=3).fit(Recording(), GrowingData())
     resumed = Recording()
     trainer(tmp_path, [ResumableDataCallback()], max_epochs=3).fit(resumed, GrowingData(), ckpt_path=path)
     assert resumed.seen == full.seen[8:]

@@ -61,15 +61,20 @@ def trainer(tmp_path: Path, callbacks: list[L.Callback], **kwargs: Any) -> L.Tra
     return L.Trainer(callbacks=callbacks, **{**options, **kwargs})
 
 
+class SaveAtStep(L.Callback):
+    """Saves a checkpoint to ``path`` when the trainer has done ``step`` optimizer steps; training goes on."""
+
+    def __init__(self, step: int, path: Path) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+
+
 def checkpoint_with_callback(tmp_path: Path, *extra: L.Callback) -> Path:
     path = tmp_path / "mid.ckpt"
-
-    class SaveAtBatch3(L.Callback):
-        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-            if trainer.global_step == 3:
-                trainer.save_checkpoint(path)
-
-    trainer(tmp_path, [ResumableDataCallback(), SaveAtBatch3(), *extra], max_epochs=2).fit(Model(), Data())
+    trainer(tmp_path, [ResumableDataCallback(), SaveAtStep(3, path), *extra], max_epochs=2).fit(Model(), Data())
     return path
 
 

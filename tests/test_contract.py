@@ -22,7 +22,7 @@ from lightning_resumable import (
 from lightning_resumable.contract import check_contract, pipeline
 from lightning_resumable.loader import make_resumable
 
-from .test_callback import Model, trainer
+from .test_callback import Model, SaveAtStep, trainer
 
 
 class Curriculum(Dataset[torch.Tensor]):
@@ -197,12 +197,7 @@ def test_a_violation_that_appears_later_is_refused_at_the_save(tmp_path: Path) -
 def save_in_epoch_one(tmp_path: Path) -> Path:
     path = tmp_path / "curriculum.ckpt"
 
-    class SaveInEpochOne(L.Callback):
-        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-            if trainer.global_step == 6:
-                trainer.save_checkpoint(path)
-
-    trainer(tmp_path, [ResumableDataCallback(), SaveInEpochOne()], max_epochs=3).fit(
+    trainer(tmp_path, [ResumableDataCallback(), SaveAtStep(6, path)], max_epochs=3).fit(
         CurriculumModel(), CurriculumData(Curriculum())
     )
     return path

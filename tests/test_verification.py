@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_resumable import ResumableDataCallback, ResumableDataModule, ResumeVerificationError, StateFormatError
 from lightning_resumable.verification import BatchFingerprint, digest_of
 
-from .test_callback import Model, trainer
+from .test_callback import Model, SaveAtStep, trainer
 
 
 class Rows(Dataset[torch.Tensor]):
@@ -49,12 +49,7 @@ class RowModel(Model):
 def save_mid_epoch(tmp_path: Path) -> Path:
     path = tmp_path / "mid.ckpt"
 
-    class SaveAtStep3(L.Callback):
-        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-            if trainer.global_step == 3:
-                trainer.save_checkpoint(path)
-
-    trainer(tmp_path, [ResumableDataCallback(), SaveAtStep3()], max_epochs=2).fit(RowModel(), RowsData())
+    trainer(tmp_path, [ResumableDataCallback(), SaveAtStep(3, path)], max_epochs=2).fit(RowModel(), RowsData())
     return path
 
 
