@@ -1,8 +1,8 @@
 """A distributed sampler whose stream is a pure function of (seed, epoch, position, world size).
 
 Promise: :class:`ResumableSampler` yields on each rank exactly what torch's ``DistributedSampler``
-layout would (rank ``r`` takes every ``world_size``-th element of the epoch order, the tail padded by
-wrapping around or dropped), and it can start that stream at any global position of any epoch in
+layout would (rank ``r`` takes every ``world_size``-th element of the epoch's stream, the tail padded
+by wrapping around or dropped), and it can start that stream at any global position of any epoch in
 O(1) time and memory, without replaying earlier positions or epochs.
 """
 
@@ -35,11 +35,14 @@ the first batch after a restore costs microseconds."""
 class ResumableSampler(DistributedSampler[Any]):
     """Exactly resumable replacement for ``DistributedSampler``.
 
-    The epoch order is :class:`~lightning_resumable.order.EpochOrder` keyed by ``(seed, epoch)``.
-    The persisted position is global (samples consumed by all ranks together), so a state written
-    on ``W`` processes restores on ``W'``: the rest of the interrupted epoch is split across the
-    ``W'`` ranks, every remaining sample once (plus ``DistributedSampler``-style padding unless
-    ``drop_last``). Being a ``DistributedSampler`` subclass, Lightning leaves it in place.
+    The epoch's stream is its ``draws`` keyed by ``(seed, epoch)``: by default a permutation
+    (:class:`~lightning_resumable.order.EpochOrder`), or the counter-based draws of a weighted,
+    with-replacement or subset sampler, or a batch sampler's batches (:mod:`lightning_resumable.draws`,
+    :mod:`lightning_resumable.batches`). The persisted position is global (samples consumed by all
+    ranks together), so a state written on ``W`` processes restores on ``W'``: the rest of the
+    interrupted epoch is split across the ``W'`` ranks, every remaining sample once (plus
+    ``DistributedSampler``-style padding unless ``drop_last``). Being a ``DistributedSampler``
+    subclass, Lightning leaves it in place.
 
     Consumption is what the trainer has really trained on, not what workers have prefetched: call
     :meth:`set_consumed_batches` before :meth:`state_dict` (``ResumableDataCallback`` does). Without
