@@ -80,6 +80,10 @@ class HalfStatefulSquares(Squares):
         return {}
 
 
+class MyStatefulLoader(StatefulDataLoader):
+    pass
+
+
 class TaggedLoader(DataLoader[Any]):
     """A subclass with a required argument that it keeps under another name: only replayable from
     the arguments Lightning records while train_dataloader() runs."""
@@ -111,6 +115,7 @@ def test_a_dataloader_subclass_is_built_again_by_its_own_class_with_its_own_argu
         (DataLoader(Squares(), sampler=[3, 1, 2]), "sampler is a list"),
         (DataLoader(Squares(), batch_sampler=BatchSampler(SequentialSampler(Squares()), 2, False)), "batch_sampler"),
         (TaggedLoader(Squares(), "mine"), r"TaggedLoader, a DataLoader subclass that Lightning cannot build again"),
+        (MyStatefulLoader(Squares()), "MyStatefulLoader, a loader with a state_dict of its own"),
     ],
 )
 def test_unsupported_loaders_are_refused_with_the_reason(loader: object, message: str) -> None:

@@ -104,6 +104,12 @@ def make_resumable(
     if isinstance(loader.dataset, SampleSeededDataset):
         return loader
     subclass = type(loader) not in (DataLoader, StatefulDataLoader)
+    if subclass and callable(getattr(loader, "state_dict", None)):
+        raise UnsupportedLoaderError(
+            f"train_dataloader() returned a {type(loader).__name__}, a loader with a state_dict of its own: it would"
+            " be a second owner of the stream's position, restored by Lightning as well; return a DataLoader or"
+            " StatefulDataLoader (rebuilt as a DataLoader, whose position the callback owns)"
+        )
     if subclass and isinstance(loader.batch_sampler, ResumableBatchSampler):
         raise UnsupportedLoaderError(
             f"train_dataloader() returned a {type(loader).__name__} (a DataLoader subclass) with a"
