@@ -122,6 +122,11 @@ def test_a_restore_at_any_position_continues_the_global_stream(
     assert [rest[p] for p in range(position, draws.length)] == global_stream[position:]
 
 
+def test_the_sampler_takes_its_shuffle_from_the_draws() -> None:
+    assert ResumableSampler(range(9), 1, 0, shuffle=False, draws=UniformDraws(9, 9)).shuffle is True
+    assert ResumableSampler(range(9), 1, 0, draws=Permutation(9, shuffle=False)).shuffle is False
+
+
 def test_a_checkpoint_of_other_weights_is_refused() -> None:
     state = ResumableSampler(range(4), 1, 0, draws=WeightedDraws([1.0, 2.0, 3.0, 4.0], 8)).state_dict()
     restored = ResumableSampler(range(4), 1, 0, draws=WeightedDraws([1.0, 2.0, 3.0, 5.0], 8))

@@ -138,7 +138,6 @@ def make_resumable(
         dataset,  # type: ignore[arg-type]
         num_replicas=num_replicas,
         rank=rank,
-        shuffle=not (isinstance(draws, Permutation) and not draws.shuffle),
         seed=seed,
         drop_last=False,
         batch_size=loader.batch_size,

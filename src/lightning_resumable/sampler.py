@@ -59,7 +59,8 @@ class ResumableSampler(DistributedSampler[Any]):
         batch_size: samples per batch on each rank; converts the trainer's batch counts to positions.
         draws: what the epoch's stream draws (:mod:`lightning_resumable.draws`): weighted, with
             replacement, a subset... ``None`` is a permutation of the dataset (or the identity
-            without ``shuffle``). Its ``length`` is the epoch's stream, split across the ranks.
+            without ``shuffle``). Its ``length`` is the epoch's stream, split across the ranks. Given
+            draws, ``shuffle`` is theirs (only a sequential permutation is unshuffled).
         sample_keys: yield ``(index, sample seed)`` pairs instead of indices, the seed derived from
             ``(seed, epoch, global position)``, for a
             :class:`~lightning_resumable.randomness.SampleSeededDataset` to fetch each sample under its
@@ -109,6 +110,7 @@ class ResumableSampler(DistributedSampler[Any]):
         self.batch_size = batch_size
         self.dataset_size = len(dataset)
         self.draws = draws if draws is not None else Permutation(self.dataset_size, shuffle)
+        self.shuffle = self.draws.describe() != "sequential"  # one source of truth: the draws
         if self.draws.dataset_size > self.dataset_size:
             raise ValueError(
                 f"the draws ({self.draws.describe()}) index {self.draws.dataset_size} samples, but the dataset"
