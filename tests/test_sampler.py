@@ -163,7 +163,7 @@ def test_set_epoch_starts_a_new_epoch_at_position_zero() -> None:
 
 
 def test_a_restore_applies_to_the_next_pass_only() -> None:
-    """As with DistributedSampler, a second pass of the same epoch is the whole epoch."""
+    """A second pass of the same epoch is a whole epoch, of the next cycle."""
     sampler = ResumableSampler(range(40), num_replicas=2, rank=1, batch_size=4)
     sampler.set_epoch(2)
     sampler.set_consumed_batches(2)
@@ -171,8 +171,42 @@ def test_a_restore_applies_to_the_next_pass_only() -> None:
     restored.load_state_dict(sampler.state_dict())
     whole_epoch = list(sampler)
     assert list(restored) == whole_epoch[8:]
-    assert list(restored) == whole_epoch
+    assert list(restored) == list(sampler)  # both in their second cycle now
     assert len(restored) == len(whole_epoch)
+
+
+def test_each_restart_within_an_epoch_is_a_fresh_cycle_and_restores_as_such() -> None:
+    """CombinedLoader's max_size_cycle restarts a short loader: each cycle is another permutation, a
+    pure function of (seed, epoch, cycle); a new epoch starts again at cycle 0."""
+    sampler = ResumableSampler(range(40), num_replicas=2, rank=0, seed=7, batch_size=4)
+    sampler.set_epoch(1)
+    other_rank = ResumableSampler(range(40), num_replicas=2, rank=1, seed=7, batch_size=4)
+    other_rank.set_epoch(1)
+    cycles = [list(sampler) for _ in range(3)]
+    for cycle in cycles:  # every cycle is a whole permutation, split across the ranks
+        assert sorted(cycle + list(other_rank)) == list(range(40))
+    assert len({tuple(cycle) for cycle in cycles}) == 3
+    assert sampler.data_state().cycle == 2
+    sampler.set_epoch(2)
+    assert sampler.cycle == 0
+    # A restore in the middle of cycle 1 continues that cycle, and the next restart is cycle 2.
+    middle = ResumableSampler(range(40), num_replicas=2, rank=0, seed=7, batch_size=4)
+    middle.set_epoch(1)
+    list(middle)
+    next(iter(middle))  # cycle 1 has started
+    middle.set_consumed_batches(2)
+    restored = ResumableSampler(range(40), num_replicas=2, rank=0, seed=7, batch_size=4)
+    restored.load_state_dict(middle.state_dict())
+    assert list(restored) == cycles[1][8:]
+    assert list(restored) == cycles[2]
+
+
+def test_an_abandoned_pass_is_not_a_cycle() -> None:
+    """A pass left before its end (a discarded iterator) does not advance the cycle."""
+    sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
+    first = iter(sampler)
+    next(first)
+    assert list(sampler) == list(ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4))
 
 
 def test_an_iterator_created_but_never_advanced_does_not_use_up_the_restore() -> None:

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from lightning_resumable.draws import Draws, Permutation
-from lightning_resumable.order import MAX_SIZE
+from lightning_resumable.order import _MASK64, MAX_SIZE, _splitmix64
 from lightning_resumable.randomness import SampleKey, sample_seeds
 from lightning_resumable.state import DataState
 
@@ -25,6 +25,7 @@ __all__ = ["ResumableSampler"]
 
 _PLACE_BITS = 20
 """A sample's key in a batch sampler's stream is ``batch position << 20 | place in the batch``."""
+_CYCLE_DOMAIN = 0x4359434C45  # "CYCLE"
 _FIRST_CHUNK = 256
 _CHUNK = 65536
 """Positions computed per vectorised step: large enough to amortise torch's per-call cost, small
@@ -66,8 +67,10 @@ class ResumableSampler(DistributedSampler[Any]):
             :class:`~lightning_resumable.randomness.SampleSeededDataset` to fetch each sample under its
             own seed.
 
-    A restore (:meth:`load_state_dict`) applies to the next iteration only; a later pass of the same
-    epoch is the whole epoch, as with ``DistributedSampler``. A state saved after the epoch's last
+    A restore (:meth:`load_state_dict`) applies to the next iteration only. A pass that starts after
+    the previous pass of the same epoch ran to its end is the epoch's next *cycle* (``CombinedLoader``
+    in ``max_size_cycle`` mode restarts a shorter loader this way): a stream of its own, keyed by
+    ``(seed, epoch, cycle)``, where ``DistributedSampler`` would repeat the epoch's order. A state saved after the epoch's last
     sample restores as "this epoch is complete": the next iteration yields nothing, until
     :meth:`set_epoch` selects another epoch.
 
@@ -123,6 +126,8 @@ class ResumableSampler(DistributedSampler[Any]):
         self._origin_batches = 0
         self._origin_is_restored = False
         self._consumed_batches: int | None = None
+        self.cycle = 0
+        self._pass_complete = False  # the current pass ran to its end: the next one is the next cycle
         # (indices handed out before the current chunk, chunk size, iterator over the chunk)
         self._chunk: tuple[int, int, Iterator[Any]] = (0, 0, iter(()))
 
@@ -133,6 +138,7 @@ class ResumableSampler(DistributedSampler[Any]):
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         if epoch != self.epoch:
             self.epoch = epoch
+            self.cycle, self._pass_complete = 0, False
             self._start_fresh_pass()
 
     def _start_fresh_pass(self) -> None:
@@ -143,9 +149,16 @@ class ResumableSampler(DistributedSampler[Any]):
 
     # -------------------------------------------------------------------------------- iteration
     @property
+    def stream_seed(self) -> int:
+        """The key of the current cycle's stream: the run's seed for the first cycle of an epoch."""
+        if self.cycle == 0:
+            return self.seed
+        return _splitmix64(_splitmix64(_splitmix64(self.seed & _MASK64) ^ _CYCLE_DOMAIN) ^ self.cycle) >> 1
+
+    @property
     def stream_length(self) -> int:
         """Positions in the current epoch's global stream (samples, or batches for a batch sampler)."""
-        return self.draws.epoch_length(self.seed, self.epoch)
+        return self.draws.epoch_length(self.stream_seed, self.epoch)
 
     def _samples_per_rank(self) -> int:
         """Samples this rank yields from the origin to the end of the epoch."""
@@ -167,12 +180,16 @@ class ResumableSampler(DistributedSampler[Any]):
         if self._origin_is_restored:
             self._origin_is_restored = False  # this pass starts at the restored position; later ones at 0
         else:
+            if self._pass_complete:
+                self.cycle += 1  # a restart within the epoch
             self._start_fresh_pass()
+        self._pass_complete = False
         self._chunk = (0, 0, iter(()))
         stride, stream_length = self.num_replicas, self.stream_length
         start = self._origin_position + self.rank
         stop = start + self._samples_per_rank() * stride
         if stop <= start:
+            self._pass_complete = True
             return  # an empty dataset, or nothing left for this rank
         handed_out_before = 0
         chunk_start, chunk_size = start, _FIRST_CHUNK
@@ -187,12 +204,12 @@ class ResumableSampler(DistributedSampler[Any]):
                 # Padding wraps around to the start of the epoch's stream, as DistributedSampler does.
                 wrapped = (positions - stream_length) % stream_length
                 positions = torch.where(positions >= stream_length, wrapped, positions)
-            drawn = self.draws(self.seed, self.epoch, positions)
+            drawn = self.draws(self.stream_seed, self.epoch, positions)
             chunk: list[Any]
             if isinstance(drawn, torch.Tensor):
                 indices = drawn.tolist()
                 if self.sample_keys:
-                    chunk = list(zip(indices, sample_seeds(self.seed, self.epoch, unwrapped).tolist(), strict=True))
+                    chunk = list(zip(indices, sample_seeds(self.stream_seed, self.epoch, unwrapped).tolist(), strict=True))
                 else:
                     chunk = indices
             else:  # a batch sampler's stream: each position is a whole batch
@@ -201,6 +218,7 @@ class ResumableSampler(DistributedSampler[Any]):
             self._chunk = (handed_out_before, len(chunk), chunk_iterator)
             yield chunk_iterator
             handed_out_before += len(chunk)
+        self._pass_complete = True
 
     def _keyed_batches(self, batches: list[list[int]], positions: torch.Tensor) -> list[list[SampleKey]]:
         """Each sample of each batch with its seed, keyed by (batch position, place in the batch)."""
@@ -211,7 +229,7 @@ class ResumableSampler(DistributedSampler[Any]):
                 for position, size in zip(positions.tolist(), sizes, strict=True)
             ]
         )
-        seeds = iter(sample_seeds(self.seed, self.epoch, sample_positions).tolist())
+        seeds = iter(sample_seeds(self.stream_seed, self.epoch, sample_positions).tolist())
         return [[(index, next(seeds)) for index in batch] for batch in batches]
 
     def __iter__(self) -> Iterator[Any]:
@@ -258,6 +276,7 @@ class ResumableSampler(DistributedSampler[Any]):
             batch_size=self.batch_size,
             world_size=self.num_replicas,
             draws=self.draws.describe(),
+            cycle=self.cycle,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -278,6 +297,7 @@ class ResumableSampler(DistributedSampler[Any]):
         saved.check_same_data(self.data_state())
         self.seed = saved.seed
         self.epoch = saved.epoch
+        self.cycle, self._pass_complete = saved.cycle, False
         self._consumed_batches = None
         self._chunk = (0, 0, iter(()))
         self._origin_position = saved.position

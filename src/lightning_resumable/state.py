@@ -16,8 +16,9 @@ from lightning_resumable.errors import IncompatibleStateError, StateFormatError
 
 __all__ = ["STATE_VERSION", "DataState"]
 
-STATE_VERSION = 2
-_READABLE_VERSIONS = (1, 2)  # version 1 had no ``draws``: it was always a permutation
+STATE_VERSION = 3
+# Version 1 had no ``draws`` (it was always a permutation); versions 1 and 2 had no ``cycle`` (always 0).
+_READABLE_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class DataState:
         world_size: number of processes that wrote the state.
         draws: what the epoch's stream draws (``permutation``, ``weighted-with-replacement(...)``...);
             a resume with other draws is refused.
+        cycle: how many times the loader restarted within the epoch (``CombinedLoader``'s
+            ``max_size_cycle`` restarts a shorter loader); each cycle is a stream of its own.
     """
 
     seed: int
@@ -49,6 +52,7 @@ class DataState:
     batch_size: int
     world_size: int
     draws: str = "permutation"
+    cycle: int = 0
     version: int = STATE_VERSION
 
     def to_dict(self) -> dict[str, int | bool | str]:
@@ -65,7 +69,9 @@ class DataState:
                 f"data state version {version!r} is not supported (this library reads versions {_READABLE_VERSIONS})"
             )
         if version == 1:
-            raw = {**raw, "draws": "permutation" if raw.get("shuffle") else "sequential", "version": STATE_VERSION}
+            raw = {**raw, "draws": "permutation" if raw.get("shuffle") else "sequential"}
+        if version in (1, 2):
+            raw = {**raw, "cycle": 0, "version": STATE_VERSION}
         values: dict[str, Any] = {}
         for field in fields(cls):
             if field.name not in raw:
@@ -78,8 +84,8 @@ class DataState:
                 )
             values[field.name] = value
         state = cls(**values)
-        if state.epoch < 0 or state.position < 0 or state.batches < 0:
-            raise StateFormatError(f"data state has a negative epoch, position or batch count: {state}")
+        if min(state.epoch, state.position, state.batches, state.cycle) < 0:
+            raise StateFormatError(f"data state has a negative epoch, position, batch count or cycle: {state}")
         if state.dataset_size < 1 or state.batch_size < 1 or state.world_size < 1:
             raise StateFormatError(f"data state has a non-positive size: {state}")
         return state
