@@ -51,3 +51,24 @@ def test_lightning_still_rebuilds_a_dataloader_subclass_from_its_recorded_argume
         original = Renamed(range(10), 4)
     rebuilt = reinstantiate_loader(original, range(20), SequentialSampler(range(20)))
     assert type(rebuilt) is Renamed and rebuilt.width == 4 and list(rebuilt.dataset) == list(range(20))
+
+
+def test_a_combined_loaders_mode_is_readable() -> None:
+    from lightning.pytorch.utilities import CombinedLoader
+
+    from lightning_resumable._lightning import combined_loader_mode
+
+    for mode in ("max_size_cycle", "max_size", "min_size", "sequential"):
+        assert combined_loader_mode(CombinedLoader({"a": [1]}, mode)) == mode  # type: ignore[arg-type]
+
+
+def test_lightning_does_not_take_the_stream_loader_for_a_stateful_one() -> None:
+    """Lightning saves and restores loaders that match its _Stateful protocol: rank 0's state, after its
+    look-ahead. The stream loader hides its state methods so that only the callback owns its state."""
+    from lightning.fabric.utilities.types import _Stateful
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from lightning_resumable.streams import StreamLoader
+
+    assert isinstance(StatefulDataLoader([1, 2]), _Stateful)  # the protocol still detects a plain one
+    assert not isinstance(StreamLoader([1, 2]), _Stateful)

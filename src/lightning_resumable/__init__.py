@@ -15,6 +15,7 @@ from lightning_resumable.errors import (
     ResumeVerificationError,
     StateFormatError,
     UnsupportedLoaderError,
+    WorkerCountChangedError,
     WorldSizeChangedError,
 )
 from lightning_resumable.order import EpochOrder
@@ -42,6 +43,7 @@ __all__ = [
     "SampleSeededDataset",
     "StateFormatError",
     "UnsupportedLoaderError",
+    "WorkerCountChangedError",
     "WorldSizeChangedError",
     "sample_rng",
 ]

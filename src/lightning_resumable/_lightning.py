@@ -13,11 +13,13 @@ import lightning.pytorch as pl
 from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.warnings import PossibleUserWarning
+from lightning.pytorch.utilities import CombinedLoader
 from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 __all__ = [
     "batches_processed",
+    "combined_loader_mode",
     "rebuild_train_loader_at_next_epoch",
     "reinstantiate_loader",
     "silence_not_resumable_warning",
@@ -84,3 +86,8 @@ def reinstantiate_loader(loader: DataLoader[Any], dataset: Dataset[Any], sampler
         raise ValueError(f"{type(loader).__name__} was built without its dataset among the recorded arguments")
     rebuilt: DataLoader[Any] = _reinstantiate_wrapped_cls(loader, *args, **kwargs)
     return rebuilt
+
+
+def combined_loader_mode(loader: CombinedLoader) -> str:
+    """The mode a user's ``CombinedLoader`` was built with (Lightning keeps it private)."""
+    return str(loader._mode)

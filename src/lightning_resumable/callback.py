@@ -1,4 +1,4 @@
-"""The one owner of the train loader's position: persisted in the checkpoint, applied once on restore,
+"""The one owner of the train loaders' position: persisted in the checkpoint, applied once on restore,
 verified before the first resumed step; and the owner of the training step's randomness."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from lightning_resumable._lightning import (
     rebuild_train_loader_at_next_epoch,
     silence_not_resumable_warning,
 )
+from lightning_resumable.combined import loader_position
 from lightning_resumable.contract import check_contract
 from lightning_resumable.errors import (
     IncompatibleStateError,
@@ -32,6 +33,7 @@ from lightning_resumable.errors import (
 from lightning_resumable.randomness import seed_training_step
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
+from lightning_resumable.streams import GLOBAL_POSITION_ATTRIBUTE, StreamLoader, StreamState
 from lightning_resumable.verification import (
     BatchFingerprint,
     all_gather_objects,
@@ -77,6 +79,153 @@ class _Saved:
         return cls(state, fingerprints, dataset)
 
 
+@dataclass(frozen=True)
+class _SavedSet:
+    """Several train loaders: the run's seed, the ``CombinedLoader`` mode, and each loader's state by key."""
+
+    seed: int
+    mode: str
+    loaders: dict[str, _Saved]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "mode": self.mode, "loaders": {k: v.to_dict() for k, v in self.loaders.items()}}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> _SavedSet:
+        loaders = raw.get("loaders")
+        if set(raw) != {"seed", "mode", "loaders"} or not isinstance(loaders, Mapping):
+            raise StateFormatError(f"unexpected keys in the state of several train loaders: {sorted(raw)}")
+        return cls(int(raw["seed"]), str(raw["mode"]), {str(k): _Saved.from_dict(v) for k, v in loaders.items()})
+
+
+_Restored = _Saved | _SavedSet | StreamState
+
+
+def _parse(raw: Mapping[str, Any]) -> _Restored:
+    if "stream" in raw:
+        if set(raw) != {"stream"}:
+            raise StateFormatError(f"unexpected keys beside a stream state: {sorted(raw)}")
+        return StreamState.from_dict(raw["stream"])
+    if "loaders" in raw:
+        return _SavedSet.from_dict(raw)
+    return _Saved.from_dict(raw)
+
+
+def _what(restored: _Restored) -> str:
+    if isinstance(restored, StreamState):
+        return "a stream (an iterable dataset)"
+    if isinstance(restored, _SavedSet):
+        return f"several train loaders {sorted(restored.loaders)} in {restored.mode} mode"
+    return "one map-style train loader"
+
+
+class _SampledLoader:
+    """One map-style train loader the callback owns: its sampler's state, the next-batch fingerprints,
+    and the state of a dataset that has its own (global, saved once)."""
+
+    def __init__(self, loader: DataLoader[Any], key: str | None) -> None:
+        sampler = loader.sampler
+        if not isinstance(sampler, ResumableSampler):
+            raise TypeError(f"the loader's sampler must be a ResumableSampler, got {type(sampler).__name__}")
+        check_contract(loader, owned=(sampler,))
+        self.loader, self.sampler, self.key = loader, sampler, key
+        self.to_verify: tuple[DataState, list[BatchFingerprint]] | None = None
+
+    @property
+    def where(self) -> str:
+        return "" if self.key is None else f" (train loader {self.key!r})"
+
+    def user_dataset(self) -> object:
+        return getattr(self.loader.dataset, "dataset", self.loader.dataset)  # inside the SampleSeededDataset
+
+    def restore(self, restored: _Saved, verify: bool) -> None:
+        """Apply a saved state (the sampler's, then the dataset's); the world size is the caller's to police."""
+        self.sampler.load_state_dict(restored.state.to_dict())  # refuses another setup before anything changes
+        self._restore_dataset(restored.dataset)
+        if not verify:
+            return
+        if restored.fingerprints is None:
+            rank_zero_info("lightning_resumable: the checkpoint holds no batch fingerprint; the resume is not verified")
+        else:
+            self.to_verify = (restored.state, restored.fingerprints)
+
+    def _restore_dataset(self, state: Mapping[str, Any] | None) -> None:
+        dataset = self.user_dataset()
+        load = getattr(dataset, "load_state_dict", None)
+        if state is None:
+            if callable(getattr(dataset, "state_dict", None)):
+                raise IncompatibleStateError(
+                    f"the dataset {type(dataset).__name__}{self.where} has its own state, but the checkpoint holds"
+                    " none: it was written by a setup whose dataset had no state_dict"
+                )
+            return
+        if not callable(load):
+            raise IncompatibleStateError(
+                f"the checkpoint holds a dataset state (keys {sorted(state)}){self.where}, but the dataset"
+                f" {type(dataset).__name__} has no load_state_dict"
+            )
+        load(state)
+
+    def _dataset_state(self, rank: int) -> Mapping[str, Any] | None:
+        """The dataset's own state, checked to be the same on every rank (only rank 0 writes it); collective."""
+        state_dict = getattr(self.user_dataset(), "state_dict", None)
+        if not callable(state_dict):
+            return None
+        state: Mapping[str, Any] = state_dict()
+        digests = all_gather_objects(digest_of(state))
+        differing = [other for other, digest in enumerate(digests) if digest != digests[0]]
+        if differing:
+            raise InconsistentRankStateError(
+                f"the dataset {type(self.user_dataset()).__name__}{self.where} holds a different state on rank(s)"
+                f" {differing} than on rank 0 ({state!r} here, on rank {rank}); only rank 0's checkpoint is written,"
+                " so the other ranks would resume from rank 0's state. Change the dataset's state on every rank"
+                " alike (for example in on_train_epoch_end)"
+            )
+        return state
+
+    def save(self, batches: int, epoch_complete: bool, cycle: int | None, verify: bool, rank: int) -> _Saved:
+        """The state after ``batches`` batches of this loader (of ``cycle``, when it restarts); collective."""
+        check_contract(self.loader, owned=(self.sampler,))
+        sampler = self.sampler
+        if epoch_complete:
+            # The resume starts the next epoch (Lightning does the same).
+            state = replace(sampler.data_state(), epoch=sampler.epoch + 1, position=0, batches=0, cycle=0)
+        elif cycle is not None and cycle != sampler.cycle:
+            # The loader ran out exactly here and max_size_cycle has not restarted it yet.
+            state = replace(sampler.data_state(), cycle=cycle, position=0, batches=0)
+        else:
+            sampler.set_consumed_batches(batches)
+            state = sampler.data_state()
+        fingerprints = None
+        if verify:
+            mine = fingerprint_next_batch(self.loader, state, sampler.rank, sampler.num_replicas)
+            fingerprints = [BatchFingerprint.from_list(entry) for entry in all_gather_objects(mine.to_list())]
+        return _Saved(state, fingerprints, self._dataset_state(rank))
+
+    def check_start(self, trainer: pl.Trainer, expected: tuple[int, int]) -> None:
+        """Refuse a trainer that resumes another place than the data; then verify the next batches."""
+        epoch, _, batches = self.sampler.origin
+        if epoch != trainer.current_epoch:
+            raise IncompatibleStateError(
+                f"the data state{self.where} resumes epoch {epoch} but the trainer resumes epoch"
+                f" {trainer.current_epoch}"
+            )
+        cycle, expected_batches = expected
+        if batches and (batches, self.sampler.cycle) != (expected_batches, cycle):
+            raise IncompatibleStateError(
+                f"the data state{self.where} resumes after {batches} batches (cycle {self.sampler.cycle}) of epoch"
+                f" {epoch} but the trainer's count means {expected_batches} (cycle {cycle})"
+            )
+        if self.to_verify is not None:
+            saved, fingerprints = self.to_verify
+            self.to_verify = None
+            check_fingerprints(self.loader, saved, fingerprints, trainer.global_rank, trainer.world_size)
+
+    def next_epoch_differs_in_length(self, epoch: int) -> bool:
+        draws, seed = self.sampler.draws, self.sampler.seed
+        return draws.epoch_length(seed, epoch + 1) != draws.epoch_length(seed, epoch)
+
+
 __all__ = ["ResumableDataCallback"]
 
 
@@ -85,8 +234,11 @@ class ResumableDataCallback(pl.Callback):
 
     On save it records the train loader's global state (seed, epoch, samples consumed by all ranks,
     and the setup), counting the batches the trainer has really completed rather than what the
-    loader prefetched, and a fingerprint of the batch each rank trains next. On restore it hands
-    that state to the sampler that :class:`~lightning_resumable.ResumableDataModule` builds inside
+    loader prefetched, and a fingerprint of the batch each rank trains next. Several train loaders
+    (a list, a dict, a ``CombinedLoader``) are recorded each under its key, with the cycle a shorter
+    loader is in; a stream (an ``IterableDataset`` with state) is recorded per rank, with each
+    worker's state, as it stood after the last completed batch (see :mod:`lightning_resumable.streams`).
+    On restore it hands that state to the sampler that :class:`~lightning_resumable.ResumableDataModule` builds inside
     ``train_dataloader()``, before the sampler's iterator exists; at ``on_train_start`` it checks
     that the trainer resumed the same epoch and batch as the data, and that the batches about to be
     trained match the fingerprints.
@@ -108,8 +260,11 @@ class ResumableDataCallback(pl.Callback):
 
     Raises:
         MissingStateError: resuming a checkpoint written without this callback.
+        WorldSizeChangedError: another world size with ``allow_world_size_change=False``, with
+            several train loaders, or with a stream whose position is per rank.
+        WorkerCountChangedError: a stream resumes with another ``num_workers``.
         IncompatibleStateError: the checkpoint's data setup (dataset size, shuffle, drop_last, batch
-            size) differs from the current one.
+            size, the train loaders' keys and mode, stream or not) differs from the current one.
         ResumeVerificationError: on every rank, before the first resumed step, when a batch about to
             be trained differs from the one the checkpoint recorded.
         MissingCallbackError: training starts without a ``ResumableDataModule`` train loader.
@@ -144,12 +299,14 @@ class ResumableDataCallback(pl.Callback):
         self.seed_steps = seed_steps
         self.verify = verify
         self._trainer: pl.Trainer | None = None
-        self._loader: DataLoader[Any] | None = None
-        self._sampler: ResumableSampler | None = None
+        # What the callback owns once train_dataloader() has run: map-style loaders by key (None for
+        # a single loader), with the CombinedLoader mode when there are several; or one stream.
+        self._loaders: dict[str | None, _SampledLoader] = {}
+        self._mode: str | None = None
+        self._stream: StreamLoader | None = None
+        self._stream_start: tuple[int, int] | None = None  # (epoch, batches) a restored stream resumes at
         # A restored state not yet applied to a loader.
-        self._pending: _Saved | None = None
-        # An applied restore whose batches are checked at on_train_start.
-        self._to_verify: tuple[DataState, list[BatchFingerprint]] | None = None
+        self._pending: _Restored | None = None
         self._seed: int | None = None
         self._resized_epoch: int | None = None
 
@@ -159,14 +316,16 @@ class ResumableDataCallback(pl.Callback):
 
     @property
     def sampler(self) -> ResumableSampler | None:
-        """The train sampler this callback persists, once ``train_dataloader()`` has built it."""
-        return self._sampler
+        """The train sampler this callback persists (the first, with several loaders), once built."""
+        return next(iter(self._loaders.values())).sampler if self._loaders else None
 
     # ------------------------------------------------------------------- building the loader
     def shuffle_seed(self, trainer: pl.Trainer) -> int:
         """The run's shuffle seed: the checkpoint's, else ``seed_everything``'s, else drawn once by rank 0."""
-        if self._pending is not None:
+        if isinstance(self._pending, _Saved):
             return self._pending.state.seed
+        if isinstance(self._pending, (_SavedSet, StreamState)):
+            return self._pending.seed
         if self._seed is None:
             global_seed = os.environ.get("PL_GLOBAL_SEED")
             if global_seed is not None:
@@ -176,77 +335,85 @@ class ResumableDataCallback(pl.Callback):
                 self._seed = int(trainer.strategy.broadcast(drawn, src=0))
         return self._seed
 
-    def attach(self, loader: DataLoader[Any], current_epoch: int) -> None:
-        """Take ownership of ``loader``'s :class:`ResumableSampler` before it is iterated: check the
-        pass-through contract, apply a restored state (the sampler's and the dataset's) once, or else
-        select the trainer's current epoch (a loader reloaded mid-run may be iterated, with
-        prefetching workers, before Lightning's ``set_epoch``)."""
-        sampler = loader.sampler
-        if not isinstance(sampler, ResumableSampler):
-            raise TypeError(f"the loader's sampler must be a ResumableSampler, got {type(sampler).__name__}")
-        check_contract(loader, owned=(sampler,))
-        self._loader, self._sampler = loader, sampler
-        if self._pending is None:
-            sampler.set_epoch(current_epoch)
-            return
+    def _take_pending(self, kind: type) -> Any:
         restored, self._pending = self._pending, None
-        saved, fingerprints = restored.state, restored.fingerprints
-        if saved.world_size != sampler.num_replicas:
-            message = (
-                f"the checkpoint was written on {saved.world_size} processes and resumes on {sampler.num_replicas},"
-                f" at epoch {saved.epoch}, global position {saved.position}"
-            )
-            if not self.allow_world_size_change:
-                raise WorldSizeChangedError(message + "; ResumableDataCallback(allow_world_size_change=False)")
-            rank_zero_info(f"lightning_resumable: {message}; the rest of the epoch is split across the new ranks")
-            self._resized_epoch = saved.epoch
-        sampler.load_state_dict(saved.to_dict())  # refuses another setup before anything is changed
-        self._restore_dataset(restored.dataset)
-        self._seed = saved.seed
-        if not self.verify:
-            return
-        if fingerprints is None:
-            rank_zero_info("lightning_resumable: the checkpoint holds no batch fingerprint; the resume is not verified")
-        else:
-            self._to_verify = (saved, fingerprints)
-
-    def _user_dataset(self) -> object:
-        assert self._loader is not None
-        return getattr(self._loader.dataset, "dataset", self._loader.dataset)  # inside the SampleSeededDataset
-
-    def _restore_dataset(self, state: Mapping[str, Any] | None) -> None:
-        dataset = self._user_dataset()
-        load = getattr(dataset, "load_state_dict", None)
-        if state is None:
-            if callable(getattr(dataset, "state_dict", None)):
-                raise IncompatibleStateError(
-                    f"the dataset {type(dataset).__name__} has its own state, but the checkpoint holds none: it was"
-                    " written by a setup whose dataset had no state_dict"
-                )
-            return
-        if not callable(load):
+        if restored is not None and not isinstance(restored, kind):
             raise IncompatibleStateError(
-                f"the checkpoint holds a dataset state (keys {sorted(state)}), but the dataset"
-                f" {type(dataset).__name__} has no load_state_dict"
+                f"the checkpoint holds the state of {_what(restored)}, but train_dataloader() now returns"
+                f" {'a stream' if kind is StreamState else 'map-style loaders of another layout'}"
             )
-        load(state)
+        return restored
 
-    def _dataset_state(self) -> Mapping[str, Any] | None:
-        """The dataset's own state, checked to be the same on every rank (only rank 0 writes it); collective."""
-        state_dict = getattr(self._user_dataset(), "state_dict", None)
-        if not callable(state_dict):
-            return None
-        state: Mapping[str, Any] = state_dict()
-        digests = all_gather_objects(digest_of(state))
-        differing = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
-        if differing:
-            raise InconsistentRankStateError(
-                f"the dataset {type(self._user_dataset()).__name__} holds a different state on rank(s) {differing}"
-                f" than on rank 0 ({state!r} here, on rank {self._trainer.global_rank if self._trainer else 0});"
-                " only rank 0's checkpoint is written, so the other ranks would resume from rank 0's state."
-                " Change the dataset's state on every rank alike (for example in on_train_epoch_end)"
+    def attach(self, loader: DataLoader[Any], current_epoch: int) -> None:
+        """Take ownership of ``loader`` before it is iterated: check the pass-through contract, apply a
+        restored state (the sampler's and the dataset's) once, or else select the trainer's current
+        epoch (a loader reloaded mid-run may be iterated, with prefetching workers, before Lightning's
+        ``set_epoch``). ``loader`` is a map-style loader with a :class:`ResumableSampler` or a
+        :class:`~lightning_resumable.streams.StreamLoader`."""
+        if isinstance(loader, StreamLoader):
+            self._attach_stream(loader, current_epoch)
+            return
+        owned = _SampledLoader(loader, key=None)
+        self._loaders, self._mode = {None: owned}, None
+        restored: _Saved | None = self._take_pending(_Saved)
+        if restored is None:
+            owned.sampler.set_epoch(current_epoch)
+            return
+        self._check_world_size(restored.state, owned.sampler.num_replicas, elastic=True)
+        owned.restore(restored, self.verify)
+        self._seed = restored.state.seed
+
+    def attach_several(self, loaders: Mapping[str, DataLoader[Any]], mode: str, current_epoch: int) -> None:
+        """Take ownership of several map-style loaders, by key, that a ``CombinedLoader`` in ``mode`` iterates."""
+        owned = {key: _SampledLoader(loader, key) for key, loader in loaders.items()}
+        self._loaders, self._mode = {key: each for key, each in owned.items()}, mode
+        restored: _SavedSet | None = self._take_pending(_SavedSet)
+        if restored is None:
+            for each in owned.values():
+                each.sampler.set_epoch(current_epoch)
+            return
+        if restored.mode != mode or set(restored.loaders) != set(owned):
+            raise IncompatibleStateError(
+                f"the checkpoint holds train loaders {sorted(restored.loaders)} in {restored.mode} mode; now they are"
+                f" {sorted(owned)} in {mode} mode"
             )
-        return state
+        for key in sorted(owned):
+            self._check_world_size(restored.loaders[key].state, owned[key].sampler.num_replicas, elastic=False)
+            owned[key].restore(restored.loaders[key], self.verify)
+        self._seed = restored.seed
+
+    def _check_world_size(self, saved: DataState, world_size: int, elastic: bool) -> None:
+        if saved.world_size == world_size:
+            return
+        message = (
+            f"the checkpoint was written on {saved.world_size} processes and resumes on {world_size},"
+            f" at epoch {saved.epoch}, global position {saved.position}"
+        )
+        if not elastic:
+            raise WorldSizeChangedError(message + "; several train loaders resume on the same world size only")
+        if not self.allow_world_size_change:
+            raise WorldSizeChangedError(message + "; ResumableDataCallback(allow_world_size_change=False)")
+        rank_zero_info(f"lightning_resumable: {message}; the rest of the epoch is split across the new ranks")
+        self._resized_epoch = saved.epoch
+
+    def _attach_stream(self, loader: StreamLoader, current_epoch: int) -> None:
+        check_contract(loader, owned=(loader.dataset,))
+        self._stream, self._loaders, self._mode = loader, {}, None
+        restored: StreamState | None = self._take_pending(StreamState)
+        if restored is None:
+            return
+        self._seed = restored.seed
+        trainer = self._trainer
+        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        state = restored.for_rank(rank, world_size, loader.num_workers)
+        if restored.epoch == current_epoch:
+            loader.restore(state, restored.batches)
+            self._stream_start = (restored.epoch, restored.batches)
+        elif not (restored.finished and restored.epoch + 1 == current_epoch):
+            raise IncompatibleStateError(
+                f"the stream state resumes epoch {restored.epoch} (after {restored.batches} batches"
+                f"{', its end' if restored.finished else ''}) but the trainer resumes epoch {current_epoch}"
+            )
 
     # ----------------------------------------------------------------------------- persisting
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -254,39 +421,54 @@ class ResumableDataCallback(pl.Callback):
         silence_not_resumable_warning()
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"train": DataState, "next_batch": one [ids, content] fingerprint per rank, "dataset": its
-        own state, if it has one}``; collective.
+        """The data state; collective (every rank's fingerprint and stream state are gathered, because
+        only rank 0 writes the file).
 
-        Lightning calls it on every rank when a checkpoint is saved; every rank's fingerprint is
-        gathered, and the dataset's state compared across ranks, because only rank 0 writes the file.
+        One loader: ``{"train": DataState, "next_batch": one [ids, content] fingerprint per rank,
+        "dataset": its own state, if it has one}``. Several: ``{"seed", "mode", "loaders": {key: the
+        same}}``. A stream: ``{"stream": StreamState}``.
         """
-        if self._loader is None or self._sampler is None or self._trainer is None:
+        trainer = self._trainer
+        if trainer is None or (not self._loaders and self._stream is None):
             # Nothing trained yet in this process: keep a restored state that was not applied.
             return self._pending.to_dict() if self._pending is not None else {}
-        check_contract(self._loader, owned=(self._sampler,))
-        trainer, sampler = self._trainer, self._sampler
         batches = batches_processed(trainer)
-        if batches >= trainer.num_training_batches:
-            # The epoch is complete: the resume starts the next one (Lightning does the same).
-            state = replace(sampler.data_state(), epoch=sampler.epoch + 1, position=0, batches=0)
-        else:
-            sampler.set_consumed_batches(batches)
-            state = sampler.data_state()
-        fingerprints = None
-        if self.verify:
-            mine = fingerprint_next_batch(self._loader, state, sampler.rank, sampler.num_replicas)
-            fingerprints = [BatchFingerprint.from_list(entry) for entry in all_gather_objects(mine.to_list())]
-        return _Saved(state, fingerprints, self._dataset_state()).to_dict()
+        if self._stream is not None:
+            return {"stream": self._save_stream(trainer, self._stream, batches).to_dict()}
+        complete = batches >= trainer.num_training_batches
+        if self._mode is None:
+            return self._loaders[None].save(batches, complete, None, self.verify, trainer.global_rank).to_dict()
+        saved = {}
+        for key in sorted(k for k in self._loaders if k is not None):  # the same order on every rank
+            owned = self._loaders[key]
+            cycle, loader_batches = loader_position(self._mode, batches, len(owned.loader))
+            saved[key] = owned.save(loader_batches, complete, cycle, self.verify, trainer.global_rank)
+        return _SavedSet(self.shuffle_seed(trainer), self._mode, saved).to_dict()
+
+    def _save_stream(self, trainer: pl.Trainer, loader: StreamLoader, batches: int) -> StreamState:
+        check_contract(loader, owned=(loader.dataset,))
+        state = loader.state_after(batches)
+        ranks = all_gather_objects(state)
+        return StreamState(
+            seed=self.shuffle_seed(trainer),
+            epoch=trainer.current_epoch,
+            batches=batches,
+            world_size=trainer.world_size,
+            num_workers=loader.num_workers,
+            global_position=bool(getattr(loader.dataset, GLOBAL_POSITION_ATTRIBUTE, False)),
+            finished=all(bool(each.get("_iterator_finished")) for each in ranks),
+            ranks=ranks,
+        )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
             return
-        if self._sampler is not None:
+        if self._loaders or self._stream is not None:
             raise ResumeError(
                 "the data state was restored after the train loader was built (the strategy restores"
                 " checkpoints after setup); the stream cannot be repositioned exactly"
             )
-        self._pending = _Saved.from_dict(state_dict)
+        self._pending = _parse(state_dict)
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
@@ -304,12 +486,10 @@ class ResumableDataCallback(pl.Callback):
             # The epoch resumed on a new world size is over; count the next ones on the new size.
             self._resized_epoch = None
             rebuild_train_loader_at_next_epoch(trainer)
-        elif self._sampler is not None:
+        elif any(owned.next_epoch_differs_in_length(trainer.current_epoch) for owned in self._loaders.values()):
             # A batch sampler's epochs may hold different numbers of batches: Lightning counts them
             # once per loader build.
-            draws, seed, epoch = self._sampler.draws, self._sampler.seed, trainer.current_epoch
-            if draws.epoch_length(seed, epoch + 1) != draws.epoch_length(seed, epoch):
-                rebuild_train_loader_at_next_epoch(trainer)
+            rebuild_train_loader_at_next_epoch(trainer)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -319,23 +499,19 @@ class ResumableDataCallback(pl.Callback):
 
     # ---------------------------------------------------------------------------- verifying
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        sampler, loader = self._sampler, self._loader
-        if sampler is None or loader is None:
+        if not self._loaders and self._stream is None:
             raise MissingCallbackError(
                 "ResumableDataCallback found no resumable train loader: make the datamodule a"
                 " ResumableDataModule (class MyData(ResumableDataModule, L.LightningDataModule))"
             )
-        epoch, _, batches = sampler.origin
-        if epoch != trainer.current_epoch:
-            raise IncompatibleStateError(
-                f"the data state resumes epoch {epoch} but the trainer resumes epoch {trainer.current_epoch}"
-            )
-        if batches and batches != batches_processed(trainer):
-            raise IncompatibleStateError(
-                f"the data state resumes after {batches} batches of epoch {epoch} but the trainer resumes"
-                f" after {batches_processed(trainer)}"
-            )
-        if self._to_verify is not None:
-            saved, fingerprints = self._to_verify
-            self._to_verify = None
-            check_fingerprints(loader, saved, fingerprints, trainer.global_rank, trainer.world_size)
+        batches = batches_processed(trainer)
+        if self._stream_start is not None:
+            start, self._stream_start = self._stream_start, None
+            if start != (trainer.current_epoch, batches):
+                raise IncompatibleStateError(
+                    f"the stream state resumes after {start[1]} batches of epoch {start[0]} but the trainer resumes"
+                    f" after {batches} batches of epoch {trainer.current_epoch}"
+                )
+        for owned in self._loaders.values():
+            expected = (0, batches) if self._mode is None else loader_position(self._mode, batches, len(owned.loader))
+            owned.check_start(trainer, expected)

@@ -8,9 +8,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.core.hooks import DataHooks
+from torch.utils.data import DataLoader, IterableDataset
 
+from lightning_resumable.batches import ResumableBatchSampler
 from lightning_resumable.callback import ResumableDataCallback
-from lightning_resumable.errors import MissingCallbackError
+from lightning_resumable.combined import key_seed, split_train_loaders
+from lightning_resumable.errors import MissingCallbackError, UnsupportedLoaderError
 from lightning_resumable.loader import make_resumable
 
 __all__ = ["ResumableDataModule"]
@@ -37,7 +40,9 @@ class ResumableDataModule:
 
     Put it before ``LightningDataModule``; keep ``train_dataloader()`` returning an ordinary
     ``DataLoader`` or ``StatefulDataLoader`` (any ``shuffle``, ``num_workers``,
-    ``persistent_workers``, ``drop_last``, ``batch_size``). The mixin rebuilds it around a
+    ``persistent_workers``, ``drop_last``, ``batch_size``), a loader over an ``IterableDataset``
+    with ``state_dict``/``load_state_dict``, or a list, dict or ``CombinedLoader`` of map-style
+    loaders (each gets a seed of its own, from the run's seed and its key). The mixin rebuilds it around a
     :class:`~lightning_resumable.ResumableSampler` for this process's rank and world size, seeded
     with the run's shuffle seed, wraps the dataset in a
     :class:`~lightning_resumable.SampleSeededDataset` (each sample is fetched under the seed of its
@@ -81,18 +86,46 @@ def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], A
                 " trainer.fit(model, datamodule)"
             )
         callback = _find_callback(trainer)
-        resumable = make_resumable(
-            loader,
-            seed=callback.shuffle_seed(trainer),
-            num_replicas=trainer.world_size,
-            rank=trainer.global_rank,
-            seed_samples=callback.seed_samples,
-            # Lightning fetches each batch before on_train_batch_start, where a reseeding callback
-            # sets the step's stream anyway: putting the generators back would be wasted work.
-            restore_globals=not callback.seed_steps,
-        )
-        callback.attach(resumable, trainer.current_epoch)
-        return resumable
+        seed = callback.shuffle_seed(trainer)
+
+        def resumable(each: object, each_seed: int) -> DataLoader[Any]:
+            return make_resumable(
+                each,
+                seed=each_seed,
+                num_replicas=trainer.world_size,
+                rank=trainer.global_rank,
+                seed_samples=callback.seed_samples,
+                # Lightning fetches each batch before on_train_batch_start, where a reseeding callback
+                # sets the step's stream anyway: putting the generators back would be wasted work.
+                restore_globals=not callback.seed_steps,
+                epoch_source=lambda: trainer.current_epoch,
+            )
+
+        several = split_train_loaders(loader)
+        if several is None:
+            single = resumable(loader, seed)
+            callback.attach(single, trainer.current_epoch)
+            return single
+        loaders, mode, rebuild = several
+        for key, each in loaders.items():
+            _refuse_among_several(key, each)
+        rebuilt = {key: resumable(each, key_seed(seed, key)) for key, each in loaders.items()}
+        callback.attach_several(rebuilt, mode, trainer.current_epoch)
+        return rebuild(rebuilt)
 
     setattr(train_dataloader, _WRAPPED, True)
     return train_dataloader
+
+
+def _refuse_among_several(key: str, loader: object) -> None:
+    """What several train loaders cannot hold yet: a stream, or a batch sampler (whose epochs may differ in length)."""
+    if isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset):
+        raise UnsupportedLoaderError(
+            f"the train loader {key!r} reads a stream (an IterableDataset); a stream is supported as the only train"
+            " loader, not among several"
+        )
+    if isinstance(loader, DataLoader) and isinstance(loader.batch_sampler, ResumableBatchSampler):
+        raise UnsupportedLoaderError(
+            f"the train loader {key!r} has a ResumableBatchSampler; it is supported as the only train loader, not"
+            " among several"
+        )

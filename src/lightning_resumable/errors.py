@@ -17,6 +17,7 @@ __all__ = [
     "ResumeVerificationError",
     "StateFormatError",
     "UnsupportedLoaderError",
+    "WorkerCountChangedError",
     "WorldSizeChangedError",
 ]
 
@@ -31,6 +32,10 @@ class IncompatibleStateError(ResumeError):
 
 class WorldSizeChangedError(IncompatibleStateError):
     """The number of processes changed and the callback was told to refuse that."""
+
+
+class WorkerCountChangedError(IncompatibleStateError):
+    """A stream resumes with another number of loader workers, whose saved states mean other slices of it."""
 
 
 class StateFormatError(ResumeError):

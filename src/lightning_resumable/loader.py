@@ -5,11 +5,13 @@ pinning and ``drop_last``; only the sampler changes, and the dataset is wrapped 
 :class:`~lightning_resumable.randomness.SampleSeededDataset` so that each sample is fetched under the
 seed of its global position. Anything whose stream we cannot reproduce
 exactly (a sampler or batch sampler other than torch's standard ones and
-:class:`~lightning_resumable.ResumableBatchSampler` subclasses, an iterable dataset, a ``DataLoader``
-subclass whose constructor Lightning cannot replay) is refused with :class:`UnsupportedLoaderError`
+:class:`~lightning_resumable.ResumableBatchSampler` subclasses, an iterable dataset without state, a
+``DataLoader`` subclass whose constructor Lightning cannot replay) is refused with :class:`UnsupportedLoaderError`
 rather than silently resumed wrong. ``DataLoader`` subclasses are built again by Lightning's own
 re-instantiation (see :func:`lightning_resumable._lightning.reinstantiate_loader`).
 A dataset with its own ``state_dict``/``load_state_dict`` is kept; the callback persists its state.
+A loader over an iterable dataset with state becomes a
+:class:`~lightning_resumable.streams.StreamLoader` (see :mod:`lightning_resumable.streams`).
 
 A ``StatefulDataLoader`` is rebuilt as a plain ``DataLoader``: the callback owns the position, so
 torchdata's own snapshots would be a second owner (the double count of Accelerate #3938) and cost
@@ -18,6 +20,7 @@ time on every step (torchdata #1317).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data import (
@@ -45,6 +48,7 @@ from lightning_resumable.draws import (
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
+from lightning_resumable.streams import SeededStream, make_stream_resumable
 
 __all__ = ["make_resumable"]
 
@@ -86,22 +90,24 @@ def make_resumable(
     rank: int,
     seed_samples: bool = True,
     restore_globals: bool = True,
+    epoch_source: Callable[[], int] = lambda: 0,
 ) -> DataLoader[Any]:
     """Return ``loader`` rebuilt around a keyed :class:`ResumableSampler` and a :class:`SampleSeededDataset`.
 
     ``seed_samples=False`` leaves the global generators alone while fetching (``sample_rng()`` still
     works); ``restore_globals`` is the wrapper's (see :class:`SampleSeededDataset`). A loader that
-    this function built already is returned as it is.
+    this function built already is returned as it is. ``epoch_source`` gives a stream loader the
+    trainer's epoch at each ``iter()``.
 
     Raises:
         UnsupportedLoaderError: the loader cannot be made exactly resumable; the message says why.
     """
     if not isinstance(loader, DataLoader):
         raise UnsupportedLoaderError(
-            f"train_dataloader() returned a {type(loader).__name__}; a ResumableDataModule supports one"
-            " torch DataLoader or torchdata StatefulDataLoader (several train loaders are not supported yet)"
+            f"train_dataloader() returned a {type(loader).__name__}; a ResumableDataModule supports torch"
+            " DataLoaders and torchdata StatefulDataLoaders: one, or a list, dict or CombinedLoader of them"
         )
-    if isinstance(loader.dataset, SampleSeededDataset):
+    if isinstance(loader.dataset, (SampleSeededDataset, SeededStream)):
         return loader
     subclass = type(loader) not in (DataLoader, StatefulDataLoader)
     if subclass and callable(getattr(loader, "state_dict", None)):
@@ -117,7 +123,19 @@ def make_resumable(
         )
     dataset = loader.dataset
     if isinstance(dataset, IterableDataset):
-        raise UnsupportedLoaderError("iterable-style datasets are not supported yet; use a map-style dataset")
+        if subclass:
+            raise UnsupportedLoaderError(
+                f"train_dataloader() returned a {type(loader).__name__} over a stream; return a DataLoader or"
+                " StatefulDataLoader over it"
+            )
+        return make_stream_resumable(
+            loader,
+            seed=seed,
+            rank=rank,
+            seed_samples=seed_samples,
+            restore_globals=restore_globals,
+            epoch_source=epoch_source,
+        )
     if callable(getattr(dataset, "state_dict", None)) != callable(getattr(dataset, "load_state_dict", None)):
         raise UnsupportedLoaderError(
             f"the dataset {type(dataset).__name__} has only one of state_dict/load_state_dict; its state could be"

@@ -70,8 +70,8 @@ class ResumableSampler(DistributedSampler[Any]):
     A restore (:meth:`load_state_dict`) applies to the next iteration only. A pass that starts after
     the previous pass of the same epoch ran to its end is the epoch's next *cycle* (``CombinedLoader``
     in ``max_size_cycle`` mode restarts a shorter loader this way): a stream of its own, keyed by
-    ``(seed, epoch, cycle)``, where ``DistributedSampler`` would repeat the epoch's order. A state saved after the epoch's last
-    sample restores as "this epoch is complete": the next iteration yields nothing, until
+    ``(seed, epoch, cycle)``, where ``DistributedSampler`` would repeat the epoch's order. A state
+    saved after the epoch's last sample restores as "this epoch is complete": the next iteration yields nothing, until
     :meth:`set_epoch` selects another epoch.
 
     Example::
@@ -209,7 +209,9 @@ class ResumableSampler(DistributedSampler[Any]):
             if isinstance(drawn, torch.Tensor):
                 indices = drawn.tolist()
                 if self.sample_keys:
-                    chunk = list(zip(indices, sample_seeds(self.stream_seed, self.epoch, unwrapped).tolist(), strict=True))
+                    chunk = list(
+                        zip(indices, sample_seeds(self.stream_seed, self.epoch, unwrapped).tolist(), strict=True)
+                    )
                 else:
                     chunk = indices
             else:  # a batch sampler's stream: each position is a whole batch

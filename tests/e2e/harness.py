@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 TRAIN_SCRIPT = Path(__file__).with_name("train.py")
+STREAM_SIZE = 48
+"""Samples of the ``stream`` and ``hf`` data: 8 shards of 6, so 2 ranks with 2 workers read 12 each."""
+COMBINED_SIZES = (38, 14)
+"""Samples of the ``combined`` data's two loaders, ``a`` and ``b`` (ids of ``b`` start at 1000)."""
 RUN_TIMEOUT_S = 300
 
 Records = dict[int, list[dict[str, Any]]]
@@ -36,6 +40,10 @@ class Scenario:
     ``sampler`` is ``shuffle`` (the ``shuffle`` flag) or a standard sampler: ``weighted``,
     ``replacement``, ``num_samples``, ``subset`` (see ``train.make_sampler``), or the batch sampler
     ``bucketing`` (``train.Bucketing``).
+    ``data`` is ``map`` (one map-style loader), ``stream`` (``train.ShardedStream``, a user's stateful
+    stream), ``hf`` (a Hugging Face ``datasets.IterableDataset``) or ``combined`` (a ``CombinedLoader``
+    of two map-style loaders of different lengths in ``mode``). ``resume_num_workers`` resumes with
+    another number of workers. ``stop_batch_override`` stops at that batch instead of the default.
     """
 
     world_size: int
@@ -57,15 +65,26 @@ class Scenario:
     relist_on_resume: bool = False
     curriculum: bool = False
     sampler: str = "shuffle"
+    data: str = "map"
+    mode: str = "max_size_cycle"
+    resume_num_workers: int | None = None
+    stop_batch_override: int | None = None
 
     @property
     def batches_per_epoch(self) -> int:
         """Batches each rank trains per epoch, as DistributedSampler and DataLoader count them."""
+        if self.data in ("stream", "hf"):
+            return STREAM_SIZE // self.world_size // self.batch_size  # the shards divide evenly
+        if self.data == "combined":
+            lengths = [math.ceil(math.ceil(size / self.world_size) / self.batch_size) for size in COMBINED_SIZES]
+            return min(lengths) if self.mode == "min_size" else max(lengths)
         per_rank = math.ceil(self.dataset_size / self.world_size)
         return per_rank // self.batch_size if self.drop_last else math.ceil(per_rank / self.batch_size)
 
     @property
     def stop_batch(self) -> int:
+        if self.stop_batch_override is not None:
+            return self.stop_batch_override
         if self.stop_kind == "last_batch":
             return self.batches_per_epoch - 1
         if self.stop_kind == "validation":
@@ -80,6 +99,8 @@ class Scenario:
             stop_kind="batch_end",
             estimated_stepping_batches=False,  # changes when loaders are built, not what they yield
             resume_world_size=None,
+            resume_num_workers=None,
+            stop_batch_override=None,
             relist_on_resume=False,
             persistent_workers=persistent,
         )
@@ -104,6 +125,12 @@ class Scenario:
             parts.append("curriculum")
         if self.sampler != "shuffle":
             parts.append(self.sampler)
+        if self.data != "map":
+            parts.append(self.data + (f"-{self.mode}" if self.data == "combined" else ""))
+        if self.resume_num_workers is not None:
+            parts.append(f"resume-workers{self.resume_num_workers}")
+        if self.stop_batch_override is not None:
+            parts.append(f"stop{self.stop_batch_override}")
         if not self.resumable:
             parts.append("CONTROL")
         return "-".join(parts)
@@ -230,14 +257,15 @@ class Runner:
         return self._full[key]
 
     def stopped(self, scenario: Scenario) -> Records:
-        key = replace(scenario, resume_world_size=None, relist_on_resume=False)
+        key = replace(scenario, resume_world_size=None, resume_num_workers=None, relist_on_resume=False)
         if key not in self._stopped:
             run_dir = self.root / key.label()
             self._stopped[key] = run_phase(key, "stop", run_dir, self.checkpoint(key))
         return self._stopped[key]
 
     def checkpoint(self, scenario: Scenario) -> Path:
-        return self.root / replace(scenario, resume_world_size=None, relist_on_resume=False).label() / "stop.ckpt"
+        stopped = replace(scenario, resume_world_size=None, resume_num_workers=None, relist_on_resume=False)
+        return self.root / stopped.label() / "stop.ckpt"
 
     def resumed(self, scenario: Scenario, attempt: int = 1, expect_failure: bool = False) -> Records:
         """Resume the scenario's stopped run; each ``attempt`` is a run of its own, run once."""

@@ -28,7 +28,17 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler, SubsetRandomSampler, WeightedRandomSampler
+from lightning.pytorch.utilities import CombinedLoader
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+    get_worker_info,
+)
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable import ResumableBatchSampler, ResumableDataCallback, ResumableDataModule
@@ -55,6 +65,79 @@ class IdDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         row = (index + 1) % self.size if self.relisted else index
         augmentation = [torch.rand(()).item(), random.random(), float(np.random.rand())]
         return torch.tensor(index), torch.tensor([float(row % 7 + 10 * self.level), *augmentation])
+
+
+class OffsetDataset(IdDataset):
+    """An IdDataset whose ids start at ``offset``: the second loader of the ``combined`` data."""
+
+    def __init__(self, size: int, offset: int) -> None:
+        super().__init__(size)
+        self.offset = offset
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        sample_id, values = super().__getitem__(index)
+        return sample_id + self.offset, values
+
+
+def augmented(sample_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    augmentation = [torch.rand(()).item(), random.random(), float(np.random.rand())]
+    return torch.tensor(sample_id), torch.tensor([float(sample_id % 7), *augmentation])
+
+
+class ShardedStream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+    """A user's stateful stream: rank ``r`` of ``W`` reads ids ``r, r + W, ...``, each worker every
+    ``num_workers``-th of those, reshuffled each pass by ``(1000 + epoch)``. Its state (one per worker
+    copy) is the epoch and the samples yielded in the pass, as torchdata's Stateful protocol has it."""
+
+    def __init__(self, size: int, rank: int, world_size: int) -> None:
+        self.size, self.rank, self.world_size = size, rank, world_size
+        self.epoch, self.position, self._start = 0, 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self._start = epoch, 0
+
+    def __iter__(self) -> Any:
+        worker = get_worker_info()
+        worker_id, workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        mine = list(range(self.rank, self.size, self.world_size))[worker_id::workers]
+        order = torch.randperm(len(mine), generator=torch.Generator().manual_seed(1000 + self.epoch)).tolist()
+        self.position, self._start = self._start, 0
+        while self.position < len(order):
+            sample_id = mine[order[self.position]]
+            self.position += 1
+            yield augmented(sample_id)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self._start = state["epoch"], state["position"]
+
+
+def hf_stream(size: int, rank: int, world_size: int) -> Any:
+    """A Hugging Face ``datasets.IterableDataset`` from a generator over 8 local shards, augmented in
+    ``map`` and split by node; nothing comes from the hub."""
+    from datasets import IterableDataset as HFIterableDataset
+    from datasets.distributed import split_dataset_by_node
+
+    rows_per_shard = size // 8
+
+    def rows(shards: list[int]) -> Any:
+        for shard in shards:
+            for row in range(rows_per_shard):
+                yield {"id": shard * rows_per_shard + row}
+
+    def augment(example: dict[str, Any]) -> dict[str, Any]:
+        sample_id, values = augmented(example["id"])
+        return {"id": int(sample_id), "x": values.tolist()}
+
+    stream = HFIterableDataset.from_generator(rows, gen_kwargs={"shards": list(range(8))}).map(augment)
+    return split_dataset_by_node(stream, rank=rank, world_size=world_size)
+
+
+def hf_collate(rows: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.tensor([row["id"] for row in rows]), torch.tensor([row["x"] for row in rows])
 
 
 class CurriculumDataset(IdDataset):
@@ -95,11 +178,14 @@ class StepRecorder(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         assert self.recorder is not None
+        parts = batch if isinstance(batch, dict) else {"": batch}  # a CombinedLoader's batch is a dict
+        ids = {key: None if part is None else part[0].tolist() for key, part in parts.items()}
+        aug = {key: None if part is None else part[1][:, 1:].tolist() for key, part in parts.items()}
         record = {
             "epoch": trainer.current_epoch,
             "batch": batch_idx,
-            "ids": batch[0].tolist(),
-            "aug": batch[1][:, 1:].tolist(),
+            "ids": ids.get("", ids),
+            "aug": aug.get("", aug),
             "loss": outputs["loss"].item(),
         }
         if self.config.get("curriculum"):
@@ -113,7 +199,7 @@ class Model(L.LightningModule):
         self.config = config
         self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         stop = self.config["stop"]
         if (
             self.config["phase"] == "stop"
@@ -125,7 +211,8 @@ class Model(L.LightningModule):
             ]
         ):
             stop_now(self.trainer, self.config["checkpoint"])
-        return self.net(batch[1]).pow(2).mean()
+        parts = list(batch.values()) if isinstance(batch, dict) else [batch]
+        return sum(self.net(part[1]).pow(2).mean() for part in parts if part is not None)  # type: ignore[return-value]
 
     def on_train_epoch_end(self) -> None:
         if self.config.get("curriculum"):
@@ -223,19 +310,50 @@ class PlainData(L.LightningDataModule):
         super().__init__()
         self.config = config
 
-    def train_dataloader(self) -> DataLoader[Any]:
+    def train_dataloader(self) -> Any:
+        data = self.config.get("data", "map")
+        if data in ("stream", "hf"):
+            return self.stream_loader(data)
+        if data == "combined":
+            loaders = {
+                "a": make_loader(self.config, IdDataset(38), shuffle=True, drop_last=False),
+                "b": make_loader(self.config, OffsetDataset(14, offset=1000), shuffle=True, drop_last=False),
+            }
+            return CombinedLoader(loaders, self.config["mode"])
         relisted = self.config.get("relist_on_resume", False) and self.config["phase"].startswith("resume")
         dataset_type = CurriculumDataset if self.config.get("curriculum") else IdDataset
         self.train_set = dataset_type(self.config["dataset_size"], relisted=relisted)
         return make_loader(self.config, self.train_set, self.config["shuffle"], self.config["drop_last"])
+
+    def stream_loader(self, data: str) -> DataLoader[Any]:
+        rank, world_size = self.trainer.global_rank, self.trainer.world_size  # type: ignore[union-attr]
+        workers = self.config["num_workers"]
+        if self.config["phase"].startswith("resume") and self.config.get("resume_num_workers") is not None:
+            workers = self.config["resume_num_workers"]
+        if data == "hf":
+            stream, collate = hf_stream(48, rank, world_size), hf_collate
+        else:
+            stream, collate = ShardedStream(48, rank, world_size), None
+        self.train_set = stream
+        loader_type = StatefulDataLoader if self.config["loader"] == "StatefulDataLoader" else DataLoader
+        return loader_type(stream, batch_size=self.config["batch_size"], num_workers=workers, collate_fn=collate)
 
     def val_dataloader(self) -> DataLoader[Any]:
         return DataLoader(IdDataset(8), batch_size=4)
 
 
 class ResumableData(ResumableDataModule, PlainData):
-    def train_dataloader(self) -> DataLoader[Any]:
+    def train_dataloader(self) -> Any:
         return super().train_dataloader()
+
+
+class SetStreamEpoch(L.Callback):
+    """Without the library, a user sets the stream's epoch at each epoch start (Lightning sets only samplers')."""
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        stream = getattr(trainer.datamodule, "train_set", None)  # type: ignore[attr-defined]
+        if hasattr(stream, "set_epoch"):
+            stream.set_epoch(trainer.current_epoch)
 
 
 class StopAt(L.Callback):
@@ -268,6 +386,7 @@ def main(config_path: str) -> None:
         datamodule: L.LightningDataModule = ResumableData(config)
     else:
         datamodule = PlainData(config)
+        callbacks.append(SetStreamEpoch())
     if config["phase"] == "stop":
         callbacks.append(StopAt(config))
     world_size = config["world_size"]

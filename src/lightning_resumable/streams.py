@@ -1,0 +1,328 @@
+"""Iterable datasets with state: each rank's stream position, taken before Lightning's look-ahead.
+
+Promise: a train loader over an ``IterableDataset`` that implements ``state_dict``/``load_state_dict``
+resumes on every rank at the batch after the checkpoint, with the same content.
+
+- The position of a stream is per rank (each rank reads its own shard) and per worker (each worker
+  its own slice), so the callback gathers every rank's state into the checkpoint that rank 0 writes,
+  keyed by rank, and each rank restores its own, before its iterator exists.
+- Lightning reads one batch ahead of ``training_step`` for a loader without a length, so the loader's
+  state when a checkpoint is written is one batch too far. :class:`StreamLoader` records its state
+  before each batch and hands out the one at the trainer's count of completed batches.
+- Workers' stream state is captured by torchdata's ``StatefulDataLoader`` (a snapshot at every batch).
+- Each sample is drawn under a seed of ``(seed, epoch, rank, worker, samples that worker has yielded)``,
+  so augmentations drawn from the global generators are the same after a resume.
+
+A resume on another number of processes or workers would hand out states that mean another slice of
+the data: it is refused (:class:`~lightning_resumable.WorldSizeChangedError`,
+:class:`~lightning_resumable.WorkerCountChangedError`), unless the dataset declares its state global
+(``resumable_global_position = True``: the same on every rank, as LitData's count of samples
+consumed by all ranks), in which case every rank restores rank 0's state on a new world size.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lightning_resumable import randomness
+from lightning_resumable.errors import (
+    IncompatibleStateError,
+    StateFormatError,
+    UnsupportedLoaderError,
+    WorkerCountChangedError,
+    WorldSizeChangedError,
+)
+from lightning_resumable.order import _MASK64, _splitmix64
+
+__all__ = ["GLOBAL_POSITION_ATTRIBUTE", "SeededStream", "StreamLoader", "StreamState", "make_stream_resumable"]
+
+GLOBAL_POSITION_ATTRIBUTE = "resumable_global_position"
+"""A dataset attribute: ``True`` declares its state the same on every rank and valid on any world size."""
+
+STREAM_STATE_VERSION = 1
+_STREAM_DOMAIN = 0x53545245414D  # "STREAM"
+_STATES_KEPT = 3
+"""Loader states kept, one per batch: Lightning reads at most one batch ahead."""
+
+
+def stream_key(seed: int, epoch: int, rank: int, worker: int) -> int:
+    """The key of one worker's stream on one rank in one epoch; sample ``n`` of it has seed ``(key ^ n)`` mixed."""
+    key = _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ _STREAM_DOMAIN) ^ epoch)
+    return _splitmix64(key ^ (rank << 16 | worker))
+
+
+def stream_sample_seed(key: int, count: int) -> int:
+    """The seed of the ``count``-th sample of a worker's stream (below 2**63)."""
+    return _splitmix64(key ^ count) >> 1
+
+
+class SeededStream(IterableDataset[Any]):
+    """The user's stream, each sample drawn under its own seed.
+
+    Attributes it does not have are read from the wrapped stream, which is ``.dataset``. Its state is
+    the stream's and the number of samples this copy (one worker's, in a worker) has yielded in the
+    pass, which the sample seeds are keyed by.
+
+    Args:
+        dataset: the user's ``IterableDataset`` with ``state_dict``/``load_state_dict``.
+        seed: the run's seed.
+        rank: this process's rank (derived, never persisted).
+        seed_globals: seed torch's, ``random``'s and NumPy's global generators before each sample.
+        restore_globals: in the main process, put the global generators back after each sample.
+    """
+
+    def __init__(
+        self,
+        dataset: IterableDataset[Any],
+        seed: int,
+        rank: int,
+        seed_globals: bool = True,
+        restore_globals: bool = True,
+    ) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.rank = rank
+        self.seed_globals = seed_globals
+        self.restore_globals = restore_globals
+        self.epoch = 0
+        self._yielded = 0
+        self._restored_yielded: int | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not set yet (unpickling): don't recurse
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch, and hand it to the stream (if it has ``set_epoch``) before workers copy it.
+
+        Called in the main process: a Hugging Face stream shares its epoch between worker copies, and
+        ``set_epoch`` calls from several workers at once race on it.
+        """
+        self.epoch = epoch
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        worker = get_worker_info()
+        key = stream_key(self.seed, self.epoch, self.rank, worker.id if worker is not None else 0)
+        self._yielded, self._restored_yielded = self._restored_yielded or 0, None
+        restore = self.seed_globals and self.restore_globals and worker is None
+        source = iter(self.dataset)
+        while True:
+            seed = stream_sample_seed(key, self._yielded)
+            saved = randomness._GlobalGeneratorState() if restore else None
+            randomness._current = seed
+            try:
+                if self.seed_globals:
+                    randomness.seed_global_generators(seed)
+                sample = next(source)
+            except StopIteration:
+                return
+            finally:
+                randomness._current = None
+                if saved is not None:
+                    saved.restore()
+            self._yielded += 1
+            yield sample
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stream": self.dataset.state_dict(), "yielded": self._yielded}  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.dataset.load_state_dict(state["stream"])  # type: ignore[attr-defined]
+        self._restored_yielded = int(state["yielded"])
+
+
+class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is untyped
+    """A ``StatefulDataLoader`` whose state the callback takes at the trainer's count of batches.
+
+    It records its state before each batch (a copy; the last few batches only), so the state after
+    ``k`` batches is known after Lightning has read batch ``k + 1`` ahead. ``state_dict`` and
+    ``load_state_dict`` are hidden from Lightning, which would save rank 0's state after the
+    look-ahead and load it on every rank: use :meth:`state_after` and :meth:`restore`.
+    """
+
+    state_dict = None
+    load_state_dict = None
+
+    def __init__(self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch_source = epoch_source
+        self.batches_yielded = 0  # batches of the current epoch, counting those before a restore
+        self._restored_batches: int | None = None
+        self._states: dict[int, dict[str, Any]] = {}
+
+    def __iter__(self) -> Iterator[Any]:
+        stream = self.dataset
+        assert isinstance(stream, SeededStream)
+        stream.set_epoch(self.epoch_source())  # before the workers get their copy
+        self.batches_yielded, self._restored_batches = self._restored_batches or 0, None
+        self._states = {}
+        return self._recording(super().__iter__())
+
+    def _recording(self, batches: Iterator[Any]) -> Iterator[Any]:
+        while True:
+            self._states[self.batches_yielded] = copy.deepcopy(StatefulDataLoader.state_dict(self))
+            self._states.pop(self.batches_yielded - _STATES_KEPT, None)
+            try:
+                batch = next(batches)
+            except StopIteration:
+                self._states[self.batches_yielded] = copy.deepcopy(StatefulDataLoader.state_dict(self))
+                return
+            self.batches_yielded += 1
+            yield batch
+
+    def state_after(self, batches: int) -> dict[str, Any]:
+        """The loader's state after ``batches`` batches of the current epoch.
+
+        Raises:
+            IncompatibleStateError: that state is not among the last few (the trainer's count and the
+                loader's disagree by more than Lightning's look-ahead).
+        """
+        if batches in self._states:
+            return self._states[batches]
+        if batches == self.batches_yielded:  # no look-ahead (a sized stream, or the first batch)
+            return copy.deepcopy(StatefulDataLoader.state_dict(self))
+        raise IncompatibleStateError(
+            f"the trainer has completed {batches} batches of this epoch but the stream loader has yielded"
+            f" {self.batches_yielded}; its state at batch {batches} is not known"
+        )
+
+    def restore(self, state: Mapping[str, Any], batches: int) -> None:
+        """Continue the next iteration from ``state``, ``batches`` batches into the epoch."""
+        StatefulDataLoader.load_state_dict(self, dict(state))
+        self._restored_batches = batches
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """Where a stream loader stands on every rank, and the setup whose slices those states mean.
+
+    Attributes:
+        seed: the run's seed (the sample seeds are keyed by it).
+        epoch: the epoch of the position.
+        batches: batches of the epoch every rank has completed.
+        world_size: processes that wrote it.
+        num_workers: loader workers per process.
+        global_position: the dataset declared its state the same on every rank.
+        finished: every rank's loader had run out (a resume starts the next epoch).
+        ranks: each rank's loader state, in rank order (``StatefulDataLoader`` form, with each
+            worker's stream state).
+    """
+
+    seed: int
+    epoch: int
+    batches: int
+    world_size: int
+    num_workers: int
+    global_position: bool
+    finished: bool
+    ranks: list[dict[str, Any]]
+    version: int = STREAM_STATE_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> StreamState:
+        if not isinstance(raw, Mapping) or raw.get("version") != STREAM_STATE_VERSION:
+            raise StateFormatError(f"a stream state must be a dict of version {STREAM_STATE_VERSION}, got {raw!r:.200}")
+        missing = [field.name for field in fields(cls) if field.name not in raw]
+        if missing:
+            raise StateFormatError(f"the stream state lacks {missing}")
+        state = cls(**{field.name: raw[field.name] for field in fields(cls)})
+        if not isinstance(state.ranks, list) or len(state.ranks) != state.world_size:
+            raise StateFormatError(f"the stream state must hold one loader state per rank ({state.world_size})")
+        return state
+
+    def for_rank(self, rank: int, world_size: int, num_workers: int) -> dict[str, Any]:
+        """The loader state that ``rank`` of ``world_size`` restores.
+
+        Raises:
+            WorldSizeChangedError: another world size, and the dataset's position is per rank.
+            WorkerCountChangedError: another number of workers per process.
+        """
+        if world_size != self.world_size and not self.global_position:
+            raise WorldSizeChangedError(
+                f"the checkpoint's stream state was written on {self.world_size} processes and resumes on {world_size}:"
+                " a stream's position is per rank (each rank reads its own shard), so it means other data on"
+                f" another world size. Resume on {self.world_size} processes, or give the dataset"
+                f" {GLOBAL_POSITION_ATTRIBUTE} = True if its state is the same on every rank"
+            )
+        if num_workers != self.num_workers:
+            raise WorkerCountChangedError(
+                f"the checkpoint's stream state was written with num_workers={self.num_workers} per process and"
+                f" resumes with num_workers={num_workers}: each worker reads its own slice of the stream, so the"
+                f" saved worker states mean other data. Resume with num_workers={self.num_workers}"
+            )
+        return self.ranks[rank if world_size == self.world_size else 0]
+
+
+def make_stream_resumable(
+    loader: DataLoader[Any],
+    *,
+    seed: int,
+    rank: int,
+    seed_samples: bool,
+    restore_globals: bool,
+    epoch_source: Callable[[], int],
+) -> StreamLoader:
+    """``loader`` (a ``DataLoader`` or ``StatefulDataLoader`` over a stateful ``IterableDataset``) as a
+    :class:`StreamLoader` over a :class:`SeededStream`, every other setting kept.
+
+    Raises:
+        UnsupportedLoaderError: the stream has no state, or the loader has persistent workers (they
+            keep the first epoch's copy of the stream) or ``in_order=False`` (its order is not
+            reproducible).
+    """
+    dataset = loader.dataset
+    if not (callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))):
+        raise UnsupportedLoaderError(
+            f"the train loader reads an IterableDataset ({type(dataset).__name__}) without state_dict/load_state_dict:"
+            " its position cannot be saved, and replaying it from the start would not be exact. Give it"
+            " state_dict()/load_state_dict() (torchdata's Stateful protocol), as Hugging Face's"
+            " datasets.IterableDataset has"
+        )
+    if loader.num_workers > 0 and loader.persistent_workers:
+        raise UnsupportedLoaderError(
+            "a stream loader with persistent_workers=True keeps each worker's copy of the stream from the first"
+            " epoch, so neither the epoch nor a restored state would reach it; pass persistent_workers=False"
+        )
+    if not loader.in_order:
+        raise UnsupportedLoaderError(
+            "a stream loader with in_order=False has no reproducible order; pass in_order=True"
+        )
+    stream = SeededStream(
+        dataset,  # type: ignore[arg-type]
+        seed=seed,
+        rank=rank,
+        seed_globals=seed_samples,
+        restore_globals=restore_globals,
+    )
+    extra: dict[str, Any] = {}
+    if loader.num_workers > 0:
+        extra["prefetch_factor"] = loader.prefetch_factor
+    return StreamLoader(
+        stream,
+        batch_size=loader.batch_size,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        pin_memory_device=loader.pin_memory_device,
+        snapshot_every_n_steps=1,  # every worker's state with every batch: a restore replays nothing
+        epoch_source=epoch_source,
+        **extra,
+    )

@@ -1,0 +1,140 @@
+"""Streams: the loader's state at the trainer's count (not after the look-ahead), per-rank state,
+refusals of a stateless stream and of another world size or worker count."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from lightning_resumable import (
+    ResumableDataCallback,
+    ResumableDataModule,
+    UnsupportedLoaderError,
+    WorkerCountChangedError,
+    WorldSizeChangedError,
+)
+from lightning_resumable.streams import StreamLoader, StreamState, make_stream_resumable, stream_key, stream_sample_seed
+
+from .test_callback import Model, trainer
+
+
+class Counting(IterableDataset[torch.Tensor]):
+    """Ids 0..size-1, split across workers; each sample carries a draw from the global generator."""
+
+    def __init__(self, size: int = 24) -> None:
+        self.size, self.position, self._start = size, 0, 0
+
+    def __iter__(self) -> Any:
+        worker = get_worker_info()
+        mine = list(range(self.size))[worker.id :: worker.num_workers] if worker else list(range(self.size))
+        self.position, self._start = self._start, 0
+        while self.position < len(mine):
+            self.position += 1
+            yield torch.tensor([float(mine[self.position - 1]), random.random()])
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._start = state["position"]
+
+
+class Stateless(IterableDataset[int]):
+    def __iter__(self) -> Any:
+        return iter(range(8))
+
+
+def stream_loader(num_workers: int, epoch: int = 0) -> StreamLoader:
+    user = DataLoader(Counting(), batch_size=2, num_workers=num_workers)
+    return make_stream_resumable(
+        user, seed=5, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: epoch
+    )
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_state_at_the_trainers_count_survives_a_look_ahead(num_workers: int) -> None:
+    """Lightning reads batch k + 1 before a checkpoint after batch k: the state handed out is batch k's."""
+    full = [batch.tolist() for batch in stream_loader(num_workers)]
+    loader = stream_loader(num_workers)
+    batches = iter(loader)
+    seen = [next(batches).tolist() for _ in range(4)]  # 3 trained, the 4th read ahead
+    restored = stream_loader(num_workers)
+    restored.restore(loader.state_after(3), batches=3)
+    assert seen[:3] + [batch.tolist() for batch in restored] == full
+    assert restored.batches_yielded == len(full)
+
+
+def test_a_state_older_than_the_look_ahead_is_refused() -> None:
+    loader = stream_loader(0)
+    batches = iter(loader)
+    for _ in range(6):
+        next(batches)
+    with pytest.raises(Exception, match="its state at batch 1 is not known"):
+        loader.state_after(1)
+
+
+def test_lightning_does_not_see_the_stream_loaders_state() -> None:
+    """Lightning would save rank 0's state after its look-ahead, and load it on every rank."""
+    loader = stream_loader(0)
+    assert loader.state_dict is None and loader.load_state_dict is None
+
+
+def test_sample_seeds_differ_by_rank_worker_epoch_and_count() -> None:
+    keys = {stream_key(1, epoch, rank, worker) for epoch in range(3) for rank in range(4) for worker in range(4)}
+    assert len(keys) == 3 * 4 * 4
+    key = stream_key(1, 0, 0, 0)
+    seeds = [stream_sample_seed(key, count) for count in range(1000)]
+    assert len(set(seeds)) == 1000 and all(0 <= seed < 2**63 for seed in seeds)
+
+
+def test_a_stateless_stream_is_refused() -> None:
+    with pytest.raises(UnsupportedLoaderError, match="without state_dict/load_state_dict"):
+        make_stream_resumable(
+            DataLoader(Stateless()), seed=0, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: 0
+        )
+
+
+def test_persistent_workers_are_refused_for_a_stream() -> None:
+    user = DataLoader(Counting(), batch_size=2, num_workers=1, persistent_workers=True)
+    with pytest.raises(UnsupportedLoaderError, match="persistent_workers"):
+        make_stream_resumable(user, seed=0, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: 0)
+
+
+def saved_on(world_size: int, num_workers: int, global_position: bool = False) -> StreamState:
+    ranks = [{"rank state": rank} for rank in range(world_size)]
+    return StreamState(1, 0, 3, world_size, num_workers, global_position, False, ranks)  # type: ignore[arg-type]
+
+
+def test_each_rank_restores_its_own_state() -> None:
+    saved = StreamState.from_dict(saved_on(3, 2).to_dict())
+    assert [saved.for_rank(rank, 3, 2) for rank in range(3)] == [{"rank state": rank} for rank in range(3)]
+
+
+def test_another_world_size_is_refused_for_a_per_rank_stream() -> None:
+    with pytest.raises(WorldSizeChangedError, match="written on 2 processes and resumes on 3"):
+        saved_on(2, 2).for_rank(0, 3, 2)
+
+
+def test_another_worker_count_is_refused() -> None:
+    with pytest.raises(WorkerCountChangedError, match="num_workers=2 per process and resumes with num_workers=0"):
+        saved_on(2, 2).for_rank(0, 2, 0)
+
+
+def test_a_global_position_restores_rank_zeros_state_on_any_world_size() -> None:
+    saved = saved_on(2, 0, global_position=True)
+    assert [saved.for_rank(rank, 3, 0) for rank in range(3)] == [{"rank state": 0}] * 3
+
+
+def test_the_mixin_refuses_a_stateless_stream_before_training(tmp_path: Path) -> None:
+    class Data(ResumableDataModule, L.LightningDataModule):
+        def train_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(Stateless())
+
+    with pytest.raises(UnsupportedLoaderError, match="Stateless"):
+        trainer(tmp_path, [ResumableDataCallback()], max_steps=1).fit(Model(), Data())
