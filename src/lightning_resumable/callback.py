@@ -304,11 +304,16 @@ class ResumableDataCallback(pl.Callback):
         self._loaders: dict[str | None, _SampledLoader] = {}
         self._mode: str | None = None
         self._stream: StreamLoader | None = None
-        self._stream_start: tuple[int, int] | None = None  # (epoch, batches) a restored stream resumes at
+        # (epoch, batches) a restored stream resumes at; no batch count for a fresh epoch
+        self._stream_start: tuple[int, int | None] | None = None
         # A restored state not yet applied to a loader.
         self._pending: _Restored | None = None
         self._seed: int | None = None
         self._resized_epoch: int | None = None
+        # Lightning 2.6 numbers the batches of the epoch after a stream resumed on its last batch from
+        # where that epoch ended; (epoch, offset) maps its batch_idx back, None until the first batch.
+        self._batch_index_offset: tuple[int, int] | None = None
+        self._renumber_first_batch = False
 
     @property
     def state_key(self) -> str:
@@ -405,14 +410,18 @@ class ResumableDataCallback(pl.Callback):
         self._seed = restored.seed
         trainer = self._trainer
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        state = restored.for_rank(rank, world_size, loader.num_workers)
-        if restored.epoch == current_epoch:
+        state = restored.for_rank(rank, world_size, loader.num_workers)  # refuses another layout
+        if restored.finished:  # every rank had read its whole stream: the resume starts the next epoch
+            loader.start_epoch(restored.epoch + 1)
+            self._stream_start = (restored.epoch + 1, None)
+            self._renumber_first_batch = True
+        elif restored.epoch == current_epoch:
             loader.restore(state, restored.batches)
             self._stream_start = (restored.epoch, restored.batches)
-        elif not (restored.finished and restored.epoch + 1 == current_epoch):
+        else:
             raise IncompatibleStateError(
-                f"the stream state resumes epoch {restored.epoch} (after {restored.batches} batches"
-                f"{', its end' if restored.finished else ''}) but the trainer resumes epoch {current_epoch}"
+                f"the stream state resumes epoch {restored.epoch} after {restored.batches} batches, but the trainer"
+                f" resumes epoch {current_epoch}"
             )
 
     # ----------------------------------------------------------------------------- persisting
@@ -494,6 +503,11 @@ class ResumableDataCallback(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if self._renumber_first_batch:
+            self._renumber_first_batch = False
+            self._batch_index_offset = (trainer.current_epoch, batch_idx)  # this batch is the epoch's first
+        if self._batch_index_offset is not None and self._batch_index_offset[0] == trainer.current_epoch:
+            batch_idx -= self._batch_index_offset[1]
         if self.seed_steps and self._seed is not None:
             seed_training_step(self._seed, trainer.current_epoch, batch_idx)
 
@@ -506,11 +520,11 @@ class ResumableDataCallback(pl.Callback):
             )
         batches = batches_processed(trainer)
         if self._stream_start is not None:
-            start, self._stream_start = self._stream_start, None
-            if start != (trainer.current_epoch, batches):
+            (epoch, stream_batches), self._stream_start = self._stream_start, None
+            if epoch != trainer.current_epoch or stream_batches not in (None, batches):
                 raise IncompatibleStateError(
-                    f"the stream state resumes after {start[1]} batches of epoch {start[0]} but the trainer resumes"
-                    f" after {batches} batches of epoch {trainer.current_epoch}"
+                    f"the stream state resumes epoch {epoch} after {stream_batches or 0} batches but the trainer"
+                    f" resumes epoch {trainer.current_epoch} after {batches}"
                 )
         for owned in self._loaders.values():
             expected = (0, batches) if self._mode is None else loader_position(self._mode, batches, len(owned.loader))

@@ -158,12 +158,14 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
         self.epoch_source = epoch_source
         self.batches_yielded = 0  # batches of the current epoch, counting those before a restore
         self._restored_batches: int | None = None
+        self._next_epoch: int | None = None  # the epoch of the next pass, when not the trainer's (yet)
         self._states: dict[int, dict[str, Any]] = {}
 
     def __iter__(self) -> Iterator[Any]:
         stream = self.dataset
         assert isinstance(stream, SeededStream)
-        stream.set_epoch(self.epoch_source())  # before the workers get their copy
+        epoch, self._next_epoch = (self.epoch_source() if self._next_epoch is None else self._next_epoch), None
+        stream.set_epoch(epoch)  # before the workers get their copy
         self.batches_yielded, self._restored_batches = self._restored_batches or 0, None
         self._states = {}
         return self._recording(super().__iter__())
@@ -200,6 +202,11 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
         """Continue the next iteration from ``state``, ``batches`` batches into the epoch."""
         StatefulDataLoader.load_state_dict(self, dict(state))
         self._restored_batches = batches
+
+    def start_epoch(self, epoch: int) -> None:
+        """Make the next iteration a fresh pass of ``epoch`` (a resume after an epoch's last batch: Lightning
+        creates the iterator while its epoch counter still shows the finished epoch)."""
+        self._next_epoch = epoch
 
 
 @dataclass(frozen=True)

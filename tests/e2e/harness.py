@@ -94,8 +94,11 @@ class Scenario:
     def data_key(self) -> Scenario:
         """The scenario with everything that cannot change the uninterrupted stream normalised."""
         persistent = self.persistent_workers and self.num_workers > 0
+        # The library reads a stream through its own loader, whichever class the user returned.
+        loader = "DataLoader" if self.data in ("stream", "hf") and self.resumable else self.loader
         return replace(
             self,
+            loader=loader,
             stop_kind="batch_end",
             estimated_stepping_batches=False,  # changes when loaders are built, not what they yield
             resume_world_size=None,

@@ -1,0 +1,122 @@
+"""End to end: streams (a user's stateful stream, a Hugging Face stream) and several train loaders
+(a CombinedLoader in each mode) stopped mid-epoch and resumed under DDP are exact, step for step.
+
+Controls run plain Lightning on the same setups: its look-ahead makes a resumed stream skip the batch
+after the checkpoint on every rank, and its max_size_cycle repeats a short loader's order in every
+cycle of an epoch. Refusals: a stream resumed on another world size or worker count, several loaders
+on another world size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from .harness import COMBINED_SIZES, FIELDS, STREAM_SIZE, Records, Runner, Scenario
+
+STREAMS = [
+    Scenario(world_size=2, num_workers=0, loader="DataLoader", data="stream", stop_kind="batch_end"),
+    Scenario(world_size=2, num_workers=0, loader="StatefulDataLoader", data="stream", stop_kind="in_step"),
+    Scenario(world_size=2, num_workers=2, loader="DataLoader", data="stream", stop_kind="validation"),
+    Scenario(world_size=2, num_workers=2, loader="StatefulDataLoader", data="stream", stop_kind="batch_end"),
+    Scenario(world_size=2, num_workers=2, loader="StatefulDataLoader", data="stream", stop_kind="last_batch"),
+    Scenario(world_size=2, num_workers=2, loader="DataLoader", data="hf", stop_kind="batch_end"),
+    Scenario(world_size=2, num_workers=0, loader="StatefulDataLoader", data="hf", stop_kind="in_step"),
+]
+COMBINED = [
+    Scenario(world_size=2, num_workers=2, data="combined", mode="max_size_cycle"),  # b in its 2nd cycle
+    Scenario(world_size=2, num_workers=0, data="combined", mode="max_size_cycle", stop_batch_override=1),
+    Scenario(world_size=2, num_workers=2, data="combined", mode="max_size"),  # b exhausted
+    Scenario(world_size=2, num_workers=0, data="combined", mode="min_size"),
+]
+
+
+def ids_of(records: Records, epoch: int, key: str | None = None) -> list[int]:
+    return [
+        sample
+        for rank_records in records.values()
+        for record in rank_records
+        if record["epoch"] == epoch
+        for sample in ((record["ids"] if key is None else record["ids"][key]) or [])
+    ]
+
+
+@pytest.mark.parametrize("scenario", STREAMS, ids=[s.label() for s in STREAMS])
+def test_a_stream_resumes_exactly(runner: Runner, scenario: Scenario) -> None:
+    outcome = runner.run(scenario)
+    fields = FIELDS
+    if scenario.stop_kind == "last_batch":
+        # Lightning 2.6 numbers the next epoch's batches of an unsized loader resumed on its last batch
+        # from where that epoch ended (batch_idx 6, 7, ...): its numbering, not the data or the step.
+        fields = tuple(name for name in FIELDS if name != "batch")
+        assert outcome.resumed[0][0]["epoch"] == scenario.stop_epoch + 1
+    assert outcome.stream_mismatches(fields) == []
+    for epoch in range(scenario.epochs):  # each epoch reads the whole stream once, across the ranks
+        assert sorted(ids_of(outcome.full, epoch)) == list(range(STREAM_SIZE))
+    if scenario.data == "stream":  # reshuffled each pass
+        assert ids_of(outcome.full, 0) != ids_of(outcome.full, 1)
+
+
+@pytest.mark.parametrize("scenario", COMBINED, ids=[s.label() for s in COMBINED])
+def test_several_loaders_resume_exactly_in_each_mode(runner: Runner, scenario: Scenario) -> None:
+    outcome = runner.run(scenario)
+    assert outcome.stream_mismatches() == []
+    assert all(len(records) == scenario.epochs * scenario.batches_per_epoch for records in outcome.full.values())
+    short = ids_of(outcome.full, 1, "b")
+    everything_short = [1000 + i for i in range(COMBINED_SIZES[1])]
+    if scenario.mode == "max_size":
+        assert sorted(short) == everything_short  # once, then None
+    if scenario.mode == "max_size_cycle":
+        # The short loader restarts within the epoch, each cycle a whole, fresh permutation.
+        per_rank = -(-COMBINED_SIZES[1] // scenario.world_size)
+        by_rank = [[i for r in records if r["epoch"] == 1 for i in r["ids"]["b"]] for records in outcome.full.values()]
+        cycles = [[i for ids in by_rank for i in ids[c * per_rank : (c + 1) * per_rank]] for c in range(2)]
+        assert sorted(cycles[0]) == sorted(cycles[1]) == everything_short
+        assert cycles[0] != cycles[1]
+
+
+STREAM_CONTROLS = [
+    replace(STREAMS[3], resumable=False),  # a user's stream, StatefulDataLoader, 2 workers
+    replace(STREAMS[5], resumable=False, loader="StatefulDataLoader"),  # the Hugging Face stream
+]
+
+
+@pytest.mark.parametrize("scenario", STREAM_CONTROLS, ids=[s.label() for s in STREAM_CONTROLS])
+def test_control_plain_lightning_skips_the_batch_after_the_checkpoint(runner: Runner, scenario: Scenario) -> None:
+    """Lightning's look-ahead: the saved loader state is one batch too far, on every rank."""
+    outcome = runner.run(scenario)
+    stop = scenario.stop_batch
+    for rank, full in outcome.full.items():
+        resumed = outcome.resumed[rank]
+        assert len(outcome.stopped[rank]) + len(resumed) == len(full) - 1, "one batch fewer"
+        skipped = full[len(outcome.stopped[rank])]
+        assert (skipped["epoch"], skipped["batch"]) == (scenario.stop_epoch, stop + 1)
+        assert resumed[0]["ids"] == full[len(outcome.stopped[rank]) + 1]["ids"], "the batch after it comes first"
+
+
+def test_control_plain_lightning_repeats_a_short_loaders_order_in_every_cycle(runner: Runner) -> None:
+    plain = replace(COMBINED[1], resumable=False)
+    outcome = runner.run(plain)
+    assert outcome.stream_mismatches() != []
+    short = [r["ids"]["b"] for r in outcome.full[0] if r["epoch"] == 1]
+    per_rank_cycle = 2  # batches of b on each rank
+    assert short[:per_rank_cycle] == short[per_rank_cycle : 2 * per_rank_cycle], "the same order again"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "error"),
+    [
+        (replace(STREAMS[3], resume_world_size=1), "WorldSizeChangedError"),
+        (replace(STREAMS[3], resume_num_workers=0), "WorkerCountChangedError"),
+        (replace(COMBINED[0], resume_world_size=1), "WorldSizeChangedError"),
+    ],
+    ids=["stream-2to1", "stream-workers2to0", "combined-2to1"],
+)
+def test_a_resume_whose_saved_positions_mean_other_data_is_refused(
+    runner: Runner, scenario: Scenario, error: str
+) -> None:
+    resumed = runner.resumed(scenario, expect_failure=True)
+    assert not any(resumed.values()), "a resumed step trained"
+    log = next(runner.root.joinpath(scenario.label()).glob("resume-*.log")).read_text()
+    assert error in log
