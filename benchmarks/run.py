@@ -21,6 +21,10 @@
    ``DistributedSamplerWrapper``, which materialises ``list(sampler)`` on every ``iter()`` and then
    has to skip the consumed indices (2 ranks, batch 32, in this process, best of 3).
 
+8. Streams: per-batch cost of the stream loader (its state recorded before every batch, each
+   sample seeded) against torchdata's ``StatefulDataLoader`` over the same stateful stream, with 0 and
+   2 workers, and the time from a restore at the middle of the stream to its first batch.
+
 ``--quick`` runs smaller sizes, for a smoke test.
 """
 
@@ -451,6 +455,70 @@ def standard_sampler_table(sizes: list[int], rounds: int) -> None:
             )
 
 
+# ------------------------------------------------------------------------------------- 8. streams
+class CountingStream(torch.utils.data.IterableDataset[int]):
+    """``size`` ids split across workers; its state is how far this copy has read (torchdata's protocol)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.position, self._start = size, 0, 0
+
+    def __iter__(self) -> Any:
+        worker = torch.utils.data.get_worker_info()
+        first, step = (worker.id, worker.num_workers) if worker is not None else (0, 1)
+        self.position, self._start = self._start, 0
+        for index in range(first + self.position * step, self.size, step):
+            self.position += 1
+            yield index
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._start = state["position"]
+
+
+def stream_table(size: int, rounds: int) -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from lightning_resumable.streams import make_stream_resumable
+
+    def loaders(workers: int) -> dict[str, Any]:
+        def theirs() -> Any:
+            return StatefulDataLoader(CountingStream(size), batch_size=BATCH_SIZE, num_workers=workers)
+
+        def ours() -> Any:
+            user = DataLoader(CountingStream(size), batch_size=BATCH_SIZE, num_workers=workers)
+            return make_stream_resumable(
+                user, seed=1, rank=0, seed_samples=True, restore_globals=False, epoch_source=lambda: 0
+            )
+
+        return {"StatefulDataLoader": theirs, "ours": ours}
+
+    batches = size // BATCH_SIZE
+    print(f"\n8. Streams: {size:,} ids, batch {BATCH_SIZE}, a stream that costs nothing (best of {rounds})")
+    print(f"{'workers':>7} | {'loader':<18} | {'µs a batch':>10} | {'restore at 50% to first batch':>29}")
+    print("-" * 75)
+    for workers in (0, 2):
+        for name, build in loaders(workers).items():
+            per_batch, restore = [], []
+            for _ in range(rounds):
+                loader = build()
+                start = time.perf_counter()
+                for position, _ in enumerate(loader):
+                    if position == batches // 2:
+                        state = loader.state_after(position + 1) if name == "ours" else loader.state_dict()
+                per_batch.append((time.perf_counter() - start) / batches * 1e6)
+                restored = build()
+                start = time.perf_counter()
+                if name == "ours":
+                    restored.restore(state, batches // 2 + 1)
+                else:
+                    restored.load_state_dict(state)
+                next(iter(restored))
+                restore.append((time.perf_counter() - start) * 1000)
+            print(f"{workers:>7} | {name:<18} | {min(per_batch):>10.1f} | {min(restore):>26.1f} ms")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="lightning-resumable benchmarks")
     parser.add_argument("command", nargs="?", default="all", choices=["all", "restore-one"])
@@ -475,6 +543,7 @@ def main() -> None:
         5: lambda: seeding_table(calls=640 if quick else 6400, rounds=1 if quick else 5),
         6: lambda: verification_table([32] if quick else [32, 64, 128, 256], rounds=1 if quick else 3),
         7: lambda: standard_sampler_table([10**5] if quick else [10**6, 10**7], rounds=1 if quick else 3),
+        8: lambda: stream_table(3_200 if quick else 64_000, rounds=1 if quick else 3),
     }
     for number, measure in measurements.items():
         if not options.only or number in options.only:

@@ -42,7 +42,7 @@ class Counting(IterableDataset[torch.Tensor]):
         return {"position": self.position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self._start = state["position"]
+        self.position = self._start = state["position"]
 
 
 class Stateless(IterableDataset[int]):
@@ -138,3 +138,19 @@ def test_the_mixin_refuses_a_stateless_stream_before_training(tmp_path: Path) ->
 
     with pytest.raises(UnsupportedLoaderError, match="Stateless"):
         trainer(tmp_path, [ResumableDataCallback()], max_steps=1).fit(Model(), Data())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"version": 9}, "version 1"),
+        ({"epoch": "1"}, "'epoch' must be int"),
+        ({"finished": 1}, "'finished' must be bool"),
+        ({"ranks": [{}]}, "one loader state per rank"),
+    ],
+)
+def test_a_malformed_stream_state_is_refused(change: dict[str, Any], message: str) -> None:
+    from lightning_resumable import StateFormatError
+
+    with pytest.raises(StateFormatError, match=message):
+        StreamState.from_dict({**saved_on(2, 0).to_dict(), **change})

@@ -92,10 +92,12 @@ class _SavedSet:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> _SavedSet:
-        loaders = raw.get("loaders")
+        loaders, seed, mode = raw.get("loaders"), raw.get("seed"), raw.get("mode")
         if set(raw) != {"seed", "mode", "loaders"} or not isinstance(loaders, Mapping):
             raise StateFormatError(f"unexpected keys in the state of several train loaders: {sorted(raw)}")
-        return cls(int(raw["seed"]), str(raw["mode"]), {str(k): _Saved.from_dict(v) for k, v in loaders.items()})
+        if type(seed) is not int or not isinstance(mode, str):
+            raise StateFormatError(f"the seed and mode of several train loaders must be an int and a str: {raw!r:.200}")
+        return cls(seed, mode, {str(key): _Saved.from_dict(value) for key, value in loaders.items()})
 
 
 _Restored = _Saved | _SavedSet | StreamState

@@ -138,7 +138,7 @@ class SeededStream(IterableDataset[Any]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.dataset.load_state_dict(state["stream"])  # type: ignore[attr-defined]
-        self._restored_yielded = int(state["yielded"])
+        self._yielded = self._restored_yielded = int(state["yielded"])  # the state until the next sample
 
 
 class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is untyped
@@ -245,8 +245,14 @@ class StreamState:
         missing = [field.name for field in fields(cls) if field.name not in raw]
         if missing:
             raise StateFormatError(f"the stream state lacks {missing}")
+        for field in fields(cls):
+            expected = {"bool": bool, "list[dict[str, Any]]": list}.get(str(field.type), int)
+            if type(raw[field.name]) is not expected:
+                raise StateFormatError(
+                    f"stream state key {field.name!r} must be {expected.__name__}, got {type(raw[field.name]).__name__}"
+                )
         state = cls(**{field.name: raw[field.name] for field in fields(cls)})
-        if not isinstance(state.ranks, list) or len(state.ranks) != state.world_size:
+        if len(state.ranks) != state.world_size or not all(isinstance(rank, Mapping) for rank in state.ranks):
             raise StateFormatError(f"the stream state must hold one loader state per rank ({state.world_size})")
         return state
 

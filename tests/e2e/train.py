@@ -87,32 +87,35 @@ def augmented(sample_id: int) -> tuple[torch.Tensor, torch.Tensor]:
 class ShardedStream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     """A user's stateful stream: rank ``r`` of ``W`` reads ids ``r, r + W, ...``, each worker every
     ``num_workers``-th of those, reshuffled each pass by ``(1000 + epoch)``. Its state (one per worker
-    copy) is the epoch and the samples yielded in the pass, as torchdata's Stateful protocol has it."""
+    copy) is the epoch and the id it read last, a cursor as a file offset would be: it differs between
+    ranks and workers, so a copy restored with another one's state fails to find its id."""
 
     def __init__(self, size: int, rank: int, world_size: int) -> None:
         self.size, self.rank, self.world_size = size, rank, world_size
-        self.epoch, self.position, self._start = 0, 0, 0
+        self.epoch, self.last_id, self._resume_after = 0, -1, -1
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
-            self.epoch, self._start = epoch, 0
+            self.epoch, self._resume_after = epoch, -1
 
     def __iter__(self) -> Any:
         worker = get_worker_info()
         worker_id, workers = (worker.id, worker.num_workers) if worker is not None else (0, 1)
         mine = list(range(self.rank, self.size, self.world_size))[worker_id::workers]
         order = torch.randperm(len(mine), generator=torch.Generator().manual_seed(1000 + self.epoch)).tolist()
-        self.position, self._start = self._start, 0
-        while self.position < len(order):
-            sample_id = mine[order[self.position]]
-            self.position += 1
+        ids = [mine[position] for position in order]
+        start = 0 if self._resume_after < 0 else ids.index(self._resume_after) + 1  # ValueError: not mine
+        self._resume_after, self.last_id = -1, ids[start - 1] if start else -1
+        for sample_id in ids[start:]:
+            self.last_id = sample_id
             yield augmented(sample_id)
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+        return {"epoch": self.epoch, "last_id": self.last_id}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self._start = state["epoch"], state["position"]
+        self.epoch, self._resume_after = state["epoch"], state["last_id"]
+        self.last_id = self._resume_after  # the state until the next sample is read
 
 
 def hf_stream(size: int, rank: int, world_size: int) -> Any:
@@ -314,12 +317,12 @@ class PlainData(L.LightningDataModule):
         data = self.config.get("data", "map")
         if data in ("stream", "hf"):
             return self.stream_loader(data)
-        if data == "combined":
+        if data in ("combined", "dict"):
             loaders = {
                 "a": make_loader(self.config, IdDataset(38), shuffle=True, drop_last=False),
                 "b": make_loader(self.config, OffsetDataset(14, offset=1000), shuffle=True, drop_last=False),
             }
-            return CombinedLoader(loaders, self.config["mode"])
+            return CombinedLoader(loaders, self.config["mode"]) if data == "combined" else loaders
         relisted = self.config.get("relist_on_resume", False) and self.config["phase"].startswith("resume")
         dataset_type = CurriculumDataset if self.config.get("curriculum") else IdDataset
         self.train_set = dataset_type(self.config["dataset_size"], relisted=relisted)
@@ -334,6 +337,8 @@ class PlainData(L.LightningDataModule):
             stream, collate = hf_stream(48, rank, world_size), hf_collate
         else:
             stream, collate = ShardedStream(48, rank, world_size), None
+        if not isinstance(self, ResumableDataModule):  # the library sets the epoch before each pass itself
+            stream.set_epoch(self.trainer.current_epoch)  # type: ignore[union-attr]  # restored before this runs
         self.train_set = stream
         loader_type = StatefulDataLoader if self.config["loader"] == "StatefulDataLoader" else DataLoader
         return loader_type(stream, batch_size=self.config["batch_size"], num_workers=workers, collate_fn=collate)
@@ -408,6 +413,9 @@ def main(config_path: str) -> None:
     )
     ckpt_path = config["checkpoint"] if config["phase"].startswith("resume") else None
     trainer.fit(Model(config), datamodule=datamodule, ckpt_path=ckpt_path)
+    if torch.distributed.is_initialized():
+        # A clean shutdown: left to the interpreter's exit, gloo's threads once aborted a finished run.
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

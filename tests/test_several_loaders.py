@@ -1,0 +1,102 @@
+"""Several train loaders in a real (single-process) Trainer: exact resume in each mode, and refusals of a
+checkpoint whose loaders, keys or mode differ."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.utilities import CombinedLoader
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_resumable import (
+    IncompatibleStateError,
+    ResumableDataCallback,
+    ResumableDataModule,
+    UnsupportedLoaderError,
+)
+
+from .test_callback import Data, SaveAtStep, trainer
+
+
+def ids(size: int, offset: int) -> TensorDataset:
+    return TensorDataset(torch.arange(offset, offset + size).float().unsqueeze(1))
+
+
+class Several(ResumableDataModule, L.LightningDataModule):
+    def __init__(self, keys: tuple[str, str] = ("a", "b"), mode: str = "max_size_cycle") -> None:
+        super().__init__()
+        self.keys, self.mode = keys, mode
+
+    def train_dataloader(self) -> Any:
+        long, short = (
+            DataLoader(ids(size, offset), batch_size=2, shuffle=True) for size, offset in ((12, 0), (5, 100))
+        )
+        return CombinedLoader({self.keys[0]: long, self.keys[1]: short}, self.mode)  # type: ignore[arg-type]
+
+
+class Model(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[dict[str, Any]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        parts = batch if isinstance(batch, dict) else {"": batch}
+        self.seen.append({key: None if part is None else part[0].flatten().tolist() for key, part in parts.items()})
+        return sum(self.layer(part[0]).mean() for part in parts.values() if part is not None)  # type: ignore[return-value]
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("mode", ["max_size_cycle", "max_size", "min_size"])
+@pytest.mark.parametrize("stop", [2, 3])
+def test_a_combined_loader_resumes_exactly(tmp_path: Path, mode: str, stop: int) -> None:
+    """The short loader has 3 batches: the stops fall in its first cycle and exactly at its restart."""
+    L.seed_everything(11)  # the run's seed: the resume takes it from the checkpoint
+    full = Model()
+    trainer(tmp_path, [ResumableDataCallback()], max_epochs=2).fit(full, Several(mode=mode))
+    path = tmp_path / "mid.ckpt"
+    stopped = Model()
+    trainer(tmp_path, [ResumableDataCallback(), SaveAtStep(stop, path)], max_epochs=2).fit(stopped, Several(mode=mode))
+    resumed = Model()
+    trainer(tmp_path, [ResumableDataCallback()], max_epochs=2).fit(resumed, Several(mode=mode), ckpt_path=path)
+    assert stopped.seen[:stop] + resumed.seen == full.seen
+
+
+def checkpoint(tmp_path: Path, data: L.LightningDataModule) -> Path:
+    path = tmp_path / "mid.ckpt"
+    trainer(tmp_path, [ResumableDataCallback(), SaveAtStep(2, path)]).fit(Model(), data)
+    return path
+
+
+def test_other_keys_or_another_mode_are_refused(tmp_path: Path) -> None:
+    path = checkpoint(tmp_path, Several())
+    with pytest.raises(IncompatibleStateError, match=r"train loaders \['a', 'b'\] in max_size_cycle mode"):
+        trainer(tmp_path, [ResumableDataCallback()]).fit(Model(), Several(keys=("a", "c")), ckpt_path=path)
+    with pytest.raises(IncompatibleStateError, match="now they are"):
+        trainer(tmp_path, [ResumableDataCallback()]).fit(Model(), Several(mode="min_size"), ckpt_path=path)
+
+
+def test_a_checkpoint_of_one_loader_is_refused_for_several_and_the_reverse(tmp_path: Path) -> None:
+    single = checkpoint(tmp_path / "single", Data())
+    with pytest.raises(IncompatibleStateError, match="holds the state of one map-style train loader"):
+        trainer(tmp_path, [ResumableDataCallback()]).fit(Model(), Several(), ckpt_path=single)
+    several = checkpoint(tmp_path / "several", Several())
+    with pytest.raises(IncompatibleStateError, match="holds the state of several train loaders"):
+        trainer(tmp_path, [ResumableDataCallback()]).fit(Model(), Data(), ckpt_path=several)
+
+
+def test_a_stream_among_several_loaders_is_refused(tmp_path: Path) -> None:
+    from .test_streams import Counting
+
+    class WithStream(ResumableDataModule, L.LightningDataModule):
+        def train_dataloader(self) -> Any:
+            return {"map": DataLoader(ids(8, 0), batch_size=2), "stream": DataLoader(Counting(), batch_size=2)}
+
+    with pytest.raises(UnsupportedLoaderError, match="'stream' reads a stream"):
+        trainer(tmp_path, [ResumableDataCallback()], max_steps=1).fit(Model(), WithStream())
