@@ -106,6 +106,9 @@ class Model(L.LightningModule):
             self.trainer.save_checkpoint(self.stop)
             os._exit(0)  # no cleanup, like a kill
 
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
 
 def train(record: str, resumable: bool, stop: str | None, ckpt_path: str | None) -> None:
     warnings.filterwarnings("ignore")
