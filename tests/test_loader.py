@@ -110,7 +110,7 @@ def test_a_dataloader_subclass_is_built_again_by_its_own_class_with_its_own_argu
     ("loader", "message"),
     [
         ([DataLoader(Squares())], "returned a list"),
-        (DataLoader(Numbers()), "iterable-style datasets"),
+        (DataLoader(Numbers()), "IterableDataset \\(Numbers\\) without state_dict"),
         (DataLoader(HalfStatefulSquares()), "only one of state_dict/load_state_dict"),
         (DataLoader(Squares(), sampler=[3, 1, 2]), "sampler is a list"),
         (DataLoader(Squares(), batch_sampler=BatchSampler(SequentialSampler(Squares()), 2, False)), "batch_sampler"),

@@ -19,6 +19,7 @@ from lightning_resumable._lightning import (
     rebuild_train_loader_at_next_epoch,
     silence_not_resumable_warning,
 )
+from lightning_resumable.audit import AuditLog
 from lightning_resumable.combined import loader_position
 from lightning_resumable.contract import check_contract
 from lightning_resumable.errors import (
@@ -214,9 +215,12 @@ class _SampledLoader:
             )
         cycle, expected_batches = expected
         if batches and (batches, self.sampler.cycle) != (expected_batches, cycle):
+            ours, theirs = f"{batches} batches", f"{expected_batches}"
+            if self.key is not None:
+                ours, theirs = f"{ours} (cycle {self.sampler.cycle})", f"{theirs} (cycle {cycle})"
             raise IncompatibleStateError(
-                f"the data state{self.where} resumes after {batches} batches (cycle {self.sampler.cycle}) of epoch"
-                f" {epoch} but the trainer's count means {expected_batches} (cycle {cycle})"
+                f"the data state{self.where} resumes after {ours} of epoch {epoch} but the trainer's count means"
+                f" {theirs}"
             )
         if self.to_verify is not None:
             saved, fingerprints = self.to_verify
@@ -259,6 +263,9 @@ class ResumableDataCallback(pl.Callback):
             dropout and other draws in the step are exact after a resume. Every rank gets the same
             seed, as with ``seed_everything``.
         verify: record the next batch's fingerprint at every save and compare it on resume.
+        audit_dir: a directory where each rank appends, per trained step, the epoch, the batch index and
+            the sample ids it read (``audit.rank{R}.jsonl``); ``python -m lightning_resumable compare``
+            compares two runs' logs. ``None`` (the default) writes nothing.
 
     Raises:
         MissingStateError: resuming a checkpoint written without this callback.
@@ -295,11 +302,14 @@ class ResumableDataCallback(pl.Callback):
         seed_samples: bool = True,
         seed_steps: bool = True,
         verify: bool = True,
+        audit_dir: str | None = None,
     ) -> None:
         self.allow_world_size_change = allow_world_size_change
         self.seed_samples = seed_samples
         self.seed_steps = seed_steps
         self.verify = verify
+        self.audit_dir = audit_dir
+        self._audit: AuditLog | None = None
         self._trainer: pl.Trainer | None = None
         # What the callback owns once train_dataloader() has run: map-style loaders by key (None for
         # a single loader), with the CombinedLoader mode when there are several; or one stream.
@@ -502,16 +512,50 @@ class ResumableDataCallback(pl.Callback):
             # once per loader build.
             rebuild_train_loader_at_next_epoch(trainer)
 
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def _epoch_batch_index(self, trainer: pl.Trainer, batch_idx: int) -> int:
         if self._renumber_first_batch:
             self._renumber_first_batch = False
             self._batch_index_offset = (trainer.current_epoch, batch_idx)  # this batch is the epoch's first
         if self._batch_index_offset is not None and self._batch_index_offset[0] == trainer.current_epoch:
-            batch_idx -= self._batch_index_offset[1]
+            return batch_idx - self._batch_index_offset[1]
+        return batch_idx
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        batch_idx = self._epoch_batch_index(trainer, batch_idx)
         if self.seed_steps and self._seed is not None:
             seed_training_step(self._seed, trainer.current_epoch, batch_idx)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.audit_dir is None:
+            return
+        if self._audit is None:
+            self._audit = AuditLog(self.audit_dir, trainer.global_rank)
+        batch_idx = self._epoch_batch_index(trainer, batch_idx)
+        self._audit.write(trainer.current_epoch, batch_idx, self._trained_ids(batch, batch_idx))
+
+    def _trained_ids(self, batch: Any, batch_idx: int) -> Any:
+        """What the audit log records of a step: dataset indices; ``{key: indices}`` for several loaders;
+        a digest of the batch for a stream, whose samples have no index."""
+        if self._stream is not None:
+            return digest_of(batch)
+        if self._mode is None:
+            return self._loaders[None].sampler.batch_indices(batch_idx)
+        ids: dict[str, list[int] | None] = {}
+        for key, owned in self._loaders.items():
+            assert key is not None
+            length = len(owned.loader)
+            _, loader_batch = loader_position(self._mode, batch_idx, length)
+            ids[key] = None if loader_batch >= length else owned.sampler.batch_indices(loader_batch)
+        return ids
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._audit is not None:
+            self._audit.close()
+            self._audit = None
 
     # ---------------------------------------------------------------------------- verifying
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -240,6 +240,25 @@ class ResumableSampler(DistributedSampler[Any]):
         # first next(): torch's multi-worker iterator calls iter() twice and uses only the second.
         return itertools.chain.from_iterable(self._chunks())
 
+    def batch_indices(self, batch: int) -> list[int]:
+        """The dataset indices of this rank's batch number ``batch`` of the current epoch (and cycle).
+
+        Computed from the stream, not observed (for an audit log): a few draws, whatever the loader's
+        workers have prefetched. For a batch sampler's stream, the indices of that batch.
+        """
+        stride = self.num_replicas
+        start = self._origin_position + (batch - self._origin_batches) * self.batch_size * stride + self.rank
+        stop = min(
+            start + self.batch_size * stride, self._origin_position + self.rank + self._samples_per_rank() * stride
+        )
+        positions = torch.arange(start, max(start, stop), stride)
+        if len(positions) and positions[-1] >= self.stream_length:  # padding wraps around, as in _chunks
+            positions = torch.where(positions >= self.stream_length, positions % self.stream_length, positions)
+        drawn = self.draws(self.stream_seed, self.epoch, positions)
+        if isinstance(drawn, torch.Tensor):
+            return list(drawn.tolist())
+        return [index for element in drawn for index in element]
+
     def _handed_out_count(self) -> int:
         """Indices handed out by the current iterator, exact to the index and free on the hot path."""
         handed_out_before, chunk_size, chunk_iterator = self._chunk

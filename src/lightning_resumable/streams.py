@@ -23,6 +23,7 @@ consumed by all ranks), in which case every rank restores rank 0's state on a ne
 from __future__ import annotations
 
 import copy
+import gc
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -168,7 +169,21 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
         stream.set_epoch(epoch)  # before the workers get their copy
         self.batches_yielded, self._restored_batches = self._restored_batches or 0, None
         self._states = {}
-        return self._recording(super().__iter__())
+        # Retire the previous pass's iterator (its workers, its queues' threads) now, not whenever the
+        # garbage collector reaches it: a thread that ends while new workers are forked can leave a
+        # worker deadlocked in CPython's after-fork cleanup.
+        if not self._initial_iter_for_state_dict:  # else that iterator holds a restored state: keep it
+            previous, self._iterator = self._iterator, None  # type: ignore[has-type]  # torchdata is untyped
+            del previous
+        collecting = gc.isenabled()
+        gc.collect()
+        gc.disable()
+        try:
+            iterator = super().__iter__()
+        finally:
+            if collecting:
+                gc.enable()
+        return self._recording(iterator)
 
     def _recording(self, batches: Iterator[Any]) -> Iterator[Any]:
         while True:

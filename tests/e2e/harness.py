@@ -17,7 +17,7 @@ STREAM_SIZE = 48
 """Samples of the ``stream`` and ``hf`` data: 8 shards of 6, so 2 ranks with 2 workers read 12 each."""
 COMBINED_SIZES = (38, 14)
 """Samples of the ``combined`` data's two loaders, ``a`` and ``b`` (ids of ``b`` start at 1000)."""
-RUN_TIMEOUT_S = 300
+RUN_TIMEOUT_S = int(os.environ.get("E2E_RUN_TIMEOUT_S", "300"))
 
 Records = dict[int, list[dict[str, Any]]]
 """Per rank, the completed training steps in order: epoch, batch index, sample ids, augmentation

@@ -1,0 +1,7 @@
+"""``python -m lightning_resumable inspect CHECKPOINT [--json]`` (see :mod:`lightning_resumable.cli`)."""
+
+import sys
+
+from lightning_resumable.cli import main
+
+sys.exit(main())

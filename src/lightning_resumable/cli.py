@@ -1,0 +1,224 @@
+"""``python -m lightning_resumable inspect CHECKPOINT [--json]``: the data state a checkpoint holds;
+``python -m lightning_resumable compare A B``: whether two runs' audit logs trained the same samples.
+
+It reads the checkpoint with ``torch.load(weights_only=True)``, so it never unpickles arbitrary
+objects, and prints per train loader where its stream stands (seed, epoch, position, the setup that
+wrote it, the next-batch fingerprints) and its place in the run ("epoch 3, 41% through"). A
+checkpoint without data state, or with a malformed one, is reported and the exit status is 1; a file
+that cannot be read is status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_resumable.errors import ResumeError
+
+__all__ = ["main", "summarise"]
+
+STATE_KEY = "ResumableDataCallback"
+_LENGTH_IN_DESCRIPTION = re.compile(r"(?:num_samples|size)=(\d+)")
+
+
+class _Unreadable(Exception):
+    """The file is not a checkpoint that can be read safely."""
+
+
+def load_data_state(path: Path) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The checkpoint (read with ``weights_only=True``) and the raw data state it holds.
+
+    Raises:
+        _Unreadable: no such file, or not loadable without unpickling arbitrary objects.
+        ResumeError: the checkpoint holds no data state of this library.
+    """
+    if not path.is_file():
+        raise _Unreadable(f"{path}: no such file")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises UnpicklingError, RuntimeError, EOFError... for what it refuses
+        raise _Unreadable(
+            f"{path} cannot be read as a checkpoint with torch.load(weights_only=True), which loads no arbitrary"
+            f" objects: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        ) from error
+    callbacks = checkpoint.get("callbacks") if isinstance(checkpoint, Mapping) else None
+    raw = callbacks.get(STATE_KEY) if isinstance(callbacks, Mapping) else None
+    if not raw:
+        raise ResumeError(
+            f"{path} holds no data state of lightning-resumable: it was written without ResumableDataCallback"
+            " (or before the train loader was built)"
+        )
+    return checkpoint, raw
+
+
+def _stream_length(state: Mapping[str, Any]) -> int | None:
+    """Positions in the epoch's global stream, where the state says (not for a batch sampler's stream)."""
+    draws = str(state.get("draws", "permutation"))
+    if draws in ("permutation", "sequential"):
+        return int(state["dataset_size"])
+    found = _LENGTH_IN_DESCRIPTION.search(draws)
+    return int(found.group(1)) if found else None
+
+
+def _loader_summary(saved: Mapping[str, Any]) -> dict[str, Any]:
+    from lightning_resumable.callback import _Saved
+
+    parsed = _Saved.from_dict(saved)  # refuses a malformed state with StateFormatError
+    state = parsed.state.to_dict()
+    length = _stream_length(state)
+    summary: dict[str, Any] = {"kind": "map-style", **state}
+    if length:
+        summary["stream_length"] = length
+        summary["fraction_through"] = min(1.0, parsed.state.position / length)
+    if parsed.fingerprints is not None:
+        summary["next_batch"] = [fingerprint.to_list() for fingerprint in parsed.fingerprints]
+    if parsed.dataset is not None:
+        summary["dataset_state"] = dict(parsed.dataset)
+    return summary
+
+
+def summarise(raw: Mapping[str, Any], checkpoint: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The data state as plain, JSON-ready values: per train loader, and the run's place.
+
+    Raises:
+        StateFormatError: the data state is malformed.
+    """
+    from lightning_resumable.callback import _parse, _SavedSet
+    from lightning_resumable.streams import StreamState
+
+    parsed = _parse(raw)
+    summary: dict[str, Any] = {}
+    if checkpoint is not None:
+        summary["checkpoint"] = {key: checkpoint.get(key) for key in ("epoch", "global_step") if key in checkpoint}
+    if isinstance(parsed, StreamState):
+        stream = parsed.to_dict()
+        summary["loaders"] = {"train": {"kind": "stream", **stream}}
+        summary["epoch"], summary["batches"] = parsed.epoch, parsed.batches
+    elif isinstance(parsed, _SavedSet):
+        summary["mode"], summary["seed"] = parsed.mode, parsed.seed
+        summary["loaders"] = {key: _loader_summary(raw["loaders"][key]) for key in sorted(parsed.loaders)}
+        first = next(iter(summary["loaders"].values()))
+        summary["epoch"] = first["epoch"]
+    else:
+        summary["loaders"] = {"train": _loader_summary(raw)}
+        summary["epoch"], summary["batches"] = parsed.state.epoch, parsed.state.batches
+    summary["place"] = _place(summary)
+    return summary
+
+
+def _place(summary: Mapping[str, Any]) -> str:
+    loaders = list(summary["loaders"].values())
+    if loaders[0]["kind"] == "stream":
+        stream = loaders[0]
+        if stream["finished"]:
+            return f"epoch {stream['epoch']} complete: the resume starts epoch {stream['epoch'] + 1}"
+        return f"epoch {stream['epoch']}, after {stream['batches']} batches on each of {stream['world_size']} ranks"
+    longest = max(loaders, key=lambda loader: loader.get("fraction_through", 0.0))
+    if "fraction_through" in longest:
+        return f"epoch {longest['epoch']}, {100 * longest['fraction_through']:.0f}% through"
+    return f"epoch {longest['epoch']}, after {longest['batches']} batches"
+
+
+def _rows(name: str, loader: Mapping[str, Any]) -> list[tuple[str, str]]:
+    if loader["kind"] == "stream":
+        rows = [
+            (f"{name}: kind", "stream (an IterableDataset with state)"),
+            ("schema version", str(loader["version"])),
+            ("seed", str(loader["seed"])),
+            ("epoch", str(loader["epoch"]) + (" (complete)" if loader["finished"] else "")),
+            ("batches completed", f"{loader['batches']} on each rank"),
+            ("world size", str(loader["world_size"])),
+            ("workers per process", str(loader["num_workers"])),
+            ("position is global", str(loader["global_position"])),
+        ]
+        for rank, state in enumerate(loader["ranks"]):
+            rows.append((f"rank {rank} state", json.dumps(state, sort_keys=True, default=str)))
+        return rows
+    position = f"{loader['position']:,}"
+    if "stream_length" in loader:
+        position += f" of {loader['stream_length']:,} ({100 * loader['fraction_through']:.1f}% of the epoch)"
+    rows = [
+        (f"{name}: kind", "map-style loader" + (f", cycle {loader['cycle']}" if loader["cycle"] else "")),
+        ("schema version", str(loader["version"])),
+        ("seed", str(loader["seed"])),
+        ("epoch", str(loader["epoch"])),
+        ("position (all ranks)", position),
+        ("batches completed", str(loader["batches"])),
+        ("world size", str(loader["world_size"])),
+        ("dataset size", f"{loader['dataset_size']:,}"),
+        ("draws", str(loader["draws"])),
+        ("batch size, shuffle, drop_last", f"{loader['batch_size']}, {loader['shuffle']}, {loader['drop_last']}"),
+    ]
+    for rank, (ids, content) in enumerate(loader.get("next_batch", [])):
+        rows.append((f"rank {rank} next batch", f"ids {ids}, content {content}"))
+    if "dataset_state" in loader:
+        rows.append(("dataset state", json.dumps(loader["dataset_state"], sort_keys=True, default=str)))
+    return rows
+
+
+def render(path: Path, summary: Mapping[str, Any]) -> str:
+    lines = [f"{path}: {summary['place']}"]
+    where = summary.get("checkpoint", {})
+    if where:
+        lines.append("  Lightning: " + ", ".join(f"{key} {value}" for key, value in where.items()))
+    if "mode" in summary:
+        lines.append(f"  several train loaders, CombinedLoader mode {summary['mode']}, run seed {summary['seed']}")
+    rows = [row for name, loader in summary["loaders"].items() for row in _rows(name, loader)]
+    width = max(len(label) for label, _ in rows)
+    lines += [f"  {label:<{width}}  {value}" for label, value in rows]
+    return "\n".join(lines)
+
+
+def _inspect(arguments: argparse.Namespace) -> int:
+    path = Path(arguments.checkpoint)
+    try:
+        checkpoint, raw = load_data_state(path)
+        summary = summarise(raw, checkpoint)
+    except _Unreadable as error:
+        print(f"lightning-resumable inspect: {error}", file=sys.stderr)
+        return 2
+    except ResumeError as error:
+        print(f"lightning-resumable inspect: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2, sort_keys=True) if arguments.json else render(path, summary))
+    return 0
+
+
+def _compare(arguments: argparse.Namespace) -> int:
+    from lightning_resumable.audit import first_divergence, read_audit
+
+    try:
+        a, b = read_audit(arguments.a), read_audit(arguments.b)
+    except ValueError as error:
+        print(f"lightning-resumable compare: {error}", file=sys.stderr)
+        return 2
+    divergence = first_divergence(a, b)
+    if divergence is None:
+        steps = sum(len({(r["epoch"], r["batch"]) for r in records}) for records in a.values())
+        print(f"identical: {steps} steps on {len(a)} rank(s) read the same samples")
+        return 0
+    print(f"different: {divergence}")
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: ``inspect`` a checkpoint, ``compare`` two audit logs; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="lightning-resumable", description="Tools for lightning-resumable's state.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    inspect = commands.add_parser("inspect", help="print the data state a Lightning checkpoint holds")
+    inspect.add_argument("checkpoint", help="a .ckpt file written with ResumableDataCallback")
+    inspect.add_argument("--json", action="store_true", help="print it as JSON, for tools")
+    compare = commands.add_parser(
+        "compare", help="compare two audit logs (ResumableDataCallback(audit_dir=...)): identical, or where they differ"
+    )
+    compare.add_argument("a", help="an audit file, or a directory of audit.rank<R>.jsonl files")
+    compare.add_argument("b", help="the other run's")
+    arguments = parser.parse_args(argv)
+    return _inspect(arguments) if arguments.command == "inspect" else _compare(arguments)
