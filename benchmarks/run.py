@@ -9,7 +9,7 @@
 2. Whole-epoch index throughput against ``DistributedSampler`` (N = 10M, 1 and 2 ranks).
 3. Bytes the data state adds to a checkpoint.
 4. Per-step cost of the callback and mixin in a real Lightning run (steps per second with and
-   without them, same data, alternating runs).
+   without them, and with the audit log, same data, alternating runs); the audit log's own work.
 5. Per-sample seeding: the cost per sample of seeding the three global generators (in a worker,
    and in the main process, where their state is also saved and restored around each batch), of the
    explicit ``sample_rng()`` generators, and of the per-step reseed, next to a realistic
@@ -34,9 +34,11 @@ import argparse
 import io
 import json
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from typing import Any
@@ -230,7 +232,13 @@ def lightning_steps_per_second(variant: str, steps: int) -> float:
             self.rate = (trainer.global_step - self.warmup) / (time.process_time() - self.start)
 
     clock = Clock()
-    extra = {"plain": [], "plain+empty_callback": [L.Callback()], "lightning_resumable": [ResumableDataCallback()]}
+    audit_dir = tempfile.mkdtemp(prefix="audit_")
+    extra = {
+        "plain": [],
+        "plain+empty_callback": [L.Callback()],
+        "lightning_resumable": [ResumableDataCallback()],
+        "lightning_resumable+audit": [ResumableDataCallback(audit_dir=audit_dir)],
+    }
     callbacks: list[L.Callback] = [clock, *extra[variant]]
     trainer = L.Trainer(
         accelerator="cpu",
@@ -242,7 +250,8 @@ def lightning_steps_per_second(variant: str, steps: int) -> float:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(Model(), Resumable() if variant == "lightning_resumable" else Plain())
+    trainer.fit(Model(), Resumable() if variant.startswith("lightning_resumable") else Plain())
+    shutil.rmtree(audit_dir)
     return float(clock.rate)
 
 
@@ -265,11 +274,12 @@ def overhead_table(steps: int, rounds: int) -> None:
     import logging
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    variants = ["plain", "plain+empty_callback", "lightning_resumable"]
+    variants = ["plain", "plain+empty_callback", "lightning_resumable", "lightning_resumable+audit"]
     lightning_steps_per_second("plain", steps)  # warm-up: first-run costs land on no variant
     rates: dict[str, list[float]] = {variant: [] for variant in variants}
     for round_index in range(rounds):
-        rotated = variants[round_index % 3 :] + variants[: round_index % 3]
+        shift = round_index % len(variants)
+        rotated = variants[shift:] + variants[:shift]
         for variant in rotated:
             rates[variant].append(lightning_steps_per_second(variant, steps))
     from torch.utils.data import RandomSampler
@@ -295,7 +305,25 @@ def overhead_table(steps: int, rounds: int) -> None:
     for variant in variants:
         median = statistics.median(rates[variant])
         runs = ", ".join(f"{rate:,.0f}" for rate in rates[variant])
-        print(f"   {variant:<22} median {median:>7,.0f} steps/s  {(plain - median) / plain:+6.1%} vs plain  ({runs})")
+        print(f"   {variant:<26} median {median:>7,.0f} steps/s  {(plain - median) / plain:+6.1%} vs plain  ({runs})")
+    audit_table(rounds)
+
+
+def audit_table(rounds: int) -> None:
+    """The audit log's own work per step: the batch's indices (from the stream) and one flushed line."""
+    from lightning_resumable.audit import AuditLog
+
+    sampler = ResumableSampler(IndexDataset(1_000_000), 2, 0, batch_size=BATCH_SIZE)
+    calls = 2000
+    indices_us = min(per_call_us(lambda: sampler.batch_indices(1000), calls, 1) for _ in range(rounds))
+    folder = tempfile.mkdtemp(prefix="audit_")
+    log = AuditLog(folder, 0)
+    ids = list(range(BATCH_SIZE))
+    write_us = min(per_call_us(lambda: log.write(1, 1000, ids), calls, 1) for _ in range(rounds))
+    log.close()
+    shutil.rmtree(folder)
+    print(f"\n4c. Audit log per step (batch {BATCH_SIZE}, best of {rounds}): the batch's indices {indices_us:.1f} us,")
+    print(f"    one JSON line written and flushed {write_us:.1f} us; {indices_us + write_us:.1f} us a step in all.")
 
 
 # ---------------------------------------------------------------------------- 5. per-sample seeding

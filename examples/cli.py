@@ -75,7 +75,8 @@ class ExampleModel(L.LightningModule):
 
 
 def main() -> None:
-    LightningCLI(ExampleModel, ExampleData)
+    # A resume runs in the same folder as the run it continues: let it write its config over the first.
+    LightningCLI(ExampleModel, ExampleData, save_config_kwargs={"overwrite": True})
 
 
 if __name__ == "__main__":
