@@ -313,3 +313,14 @@ def test_an_empty_dataset_yields_nothing() -> None:
 def test_a_dataset_beyond_two_to_the_forty_is_refused_up_front() -> None:
     with pytest.raises(ValueError, match="up to 2\\*\\*40"):
         ResumableSampler(range(2**40 + 1), num_replicas=1, rank=0)
+
+
+@pytest.mark.parametrize("sample_keys", [False, True])
+def test_batch_indices_are_what_the_pass_hands_out_near_the_frontier_and_far_behind(sample_keys: bool) -> None:
+    """Read from the pass's recent chunks where it can, computed from the stream where it cannot."""
+    sampler = ResumableSampler(range(5000), num_replicas=3, rank=1, seed=3, batch_size=7, sample_keys=sample_keys)
+    sampler.set_epoch(2)
+    handed_out = list(sampler)  # the whole pass: early chunks are no longer kept
+    indices = [key[0] for key in handed_out] if sample_keys else handed_out
+    for batch in (0, 1, 100, len(indices) // 7 - 1, len(indices) // 7):
+        assert sampler.batch_indices(batch) == indices[batch * 7 : (batch + 1) * 7]

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import (
     DataLoader,
@@ -214,6 +216,7 @@ class Model(L.LightningModule):
             ]
         ):
             stop_now(self.trainer, self.config["checkpoint"])
+        time.sleep(self.config.get("step_seconds", 0))  # a slower step, where a test aims a kill
         parts = list(batch.values()) if isinstance(batch, dict) else [batch]
         return sum(self.net(part[1]).pow(2).mean() for part in parts if part is not None)  # type: ignore[return-value]
 
@@ -387,17 +390,32 @@ def main(config_path: str) -> None:
     torch.set_num_threads(1)
     callbacks: list[L.Callback] = [StepRecorder(config)]
     if config["resumable"]:
-        callbacks.append(ResumableDataCallback(**dict(config.get("callback_options", []))))
+        options = dict(config.get("callback_options", []))
+        if config.get("audit_dir"):
+            options["audit_dir"] = config["audit_dir"]
+        callbacks.append(ResumableDataCallback(**options))
         datamodule: L.LightningDataModule = ResumableData(config)
     else:
         datamodule = PlainData(config)
         callbacks.append(SetStreamEpoch())
     if config["phase"] == "stop":
         callbacks.append(StopAt(config))
-    world_size = config["world_size"]
+    checkpoint_every = config.get("checkpoint_every")
+    if checkpoint_every:  # as a long job checkpoints: every k steps, and last.ckpt
+        callbacks.append(
+            ModelCheckpoint(
+                dirpath=config["checkpoint_dir"],
+                filename="{step}",
+                every_n_train_steps=checkpoint_every,
+                save_last=True,
+                save_top_k=-1,
+            )
+        )
+    world_size, num_nodes = config["world_size"], config.get("num_nodes", 1)
     trainer = L.Trainer(
         accelerator="cpu",
-        devices=world_size,
+        devices=world_size // num_nodes,
+        num_nodes=num_nodes,
         strategy="ddp" if world_size > 1 else "auto",
         max_epochs=config["epochs"],
         deterministic=True,
@@ -406,12 +424,12 @@ def main(config_path: str) -> None:
         limit_val_batches=1,
         num_sanity_val_steps=0,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(checkpoint_every),
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=config["out_dir"],
     )
-    ckpt_path = config["checkpoint"] if config["phase"].startswith("resume") else None
+    ckpt_path = config["checkpoint"] if config["phase"].startswith("resume") else config.get("resume_from")
     trainer.fit(Model(config), datamodule=datamodule, ckpt_path=ckpt_path)
     if torch.distributed.is_initialized():
         # A clean shutdown: left to the interpreter's exit, gloo's threads once aborted a finished run.

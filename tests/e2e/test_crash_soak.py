@@ -1,0 +1,144 @@
+"""Crash soak: a 2-process run checkpointing every k steps (and ``last.ckpt``) is killed with SIGKILL
+at seeded random steps, 5 times, each time resumed from ``last.ckpt``, then trains to the end. Its
+audit log (every step it ran, re-runs after each kill included) must equal, step for step and rank by
+rank, the uninterrupted run's. And a SIGTERM to one rank goes through Lightning's own signal handling;
+the run resumes from ``last.ckpt`` exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from lightning_resumable.audit import first_divergence, read_audit
+
+from .harness import TRAIN_SCRIPT, RUN_TIMEOUT_S, Scenario
+
+CHECKPOINT_EVERY = 6
+STEP_SECONDS = 0.05  # a kill lands within a step of where it is aimed, far from a checkpoint write
+SOAK = Scenario(world_size=2, num_workers=2, dataset_size=96, epochs=2)
+
+
+def config(run: Path, phase: str, **extra: Any) -> Path:
+    values = {
+        **asdict(SOAK),
+        "phase": phase,
+        "out_dir": str(run),
+        "checkpoint": str(run / "unused.ckpt"),
+        "stop": {"kind": "none", "epoch": -1, "batch": -1},
+        "audit_dir": str(run / "audit"),
+        "checkpoint_every": CHECKPOINT_EVERY,
+        "checkpoint_dir": str(run / "checkpoints"),
+        "step_seconds": STEP_SECONDS,
+        **extra,
+    }
+    path = run / f"{phase}.json"
+    path.write_text(json.dumps(values))
+    return path
+
+
+def launch(run: Path, phase: str, **extra: Any) -> subprocess.Popen[bytes]:
+    run.mkdir(parents=True, exist_ok=True)
+    log = (run / f"{phase}.log").open("wb")
+    return subprocess.Popen(
+        [sys.executable, str(TRAIN_SCRIPT), str(config(run, phase, **extra))],
+        cwd=run,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: a kill reaches every rank and worker
+    )
+
+
+def global_steps(run: Path, rank: int = 0) -> list[int]:
+    """The global step each logged line of ``rank`` ended (batches per epoch times epoch, plus batch, plus 1)."""
+    path = run / "audit" / f"audit.rank{rank}.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    steps = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # being written
+        steps.append(record["epoch"] * SOAK.batches_per_epoch + record["batch"] + 1)
+    return steps
+
+
+def wait_for_step(process: subprocess.Popen[bytes], run: Path, logged_before: int, target: int) -> None:
+    """Poll rank 0's audit log until this launch has logged global step ``target``."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while target not in global_steps(run)[logged_before:]:
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended before step {target}: {(run / 'soak.log').read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"step {target} not reached in {RUN_TIMEOUT_S} s")
+        time.sleep(0.01)  # polling a file, not waiting out a race
+
+
+def finish(process: subprocess.Popen[bytes], run: Path, phase: str) -> int:
+    try:
+        return process.wait(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise AssertionError(f"{phase} hung: {(run / f'{phase}.log').read_text()[-3000:]}") from None
+
+
+def test_five_kills_at_random_steps_train_what_an_uninterrupted_run_trains(tmp_path: Path) -> None:
+    full = tmp_path / "full"
+    assert finish(launch(full, "full"), full, "full") == 0
+    total = SOAK.epochs * SOAK.batches_per_epoch
+
+    soak, chooser, resume_from, kills = tmp_path / "soak", random.Random(20261130), None, []
+    for _ in range(5):
+        logged_before = len(global_steps(soak))
+        resumed_at = global_steps(soak)[-1] if kills else 0  # not exact: where the last checkpoint is
+        process = launch(soak, "soak", **({"resume_from": resume_from} if resume_from else {}))
+        # A seeded random step past the next checkpoint, half-way between two checkpoints.
+        checkpoints_ahead = chooser.randint(1, 2)
+        target = (resumed_at // CHECKPOINT_EVERY + checkpoints_ahead) * CHECKPOINT_EVERY + CHECKPOINT_EVERY // 2
+        target = min(target, total - CHECKPOINT_EVERY // 2)
+        wait_for_step(process, soak, logged_before, target)
+        os.killpg(process.pid, signal.SIGKILL)  # a real crash: no exception, no cleanup
+        process.wait()
+        kills.append(target)
+        resume_from = str(soak / "checkpoints" / "last.ckpt")
+    assert finish(launch(soak, "soak", resume_from=resume_from), soak, "soak") == 0
+
+    assert len(kills) == 5
+    logged = global_steps(soak)
+    assert len(logged) > total, "steps after each checkpoint were trained again"
+    assert set(logged) == set(range(1, total + 1)), "every step of the uninterrupted run was trained"
+    # Every step, re-runs included, read the ids that step read uninterrupted, on every rank.
+    assert first_divergence(read_audit(full / "audit"), read_audit(soak / "audit")) is None
+
+
+def rank_one(process: subprocess.Popen[bytes]) -> int:
+    """The pid of rank 1: the launcher's child that Lightning started with LOCAL_RANK=1."""
+    children = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
+    for pid in children:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if b"LOCAL_RANK=1" in environ:
+            return int(pid)
+    raise AssertionError(f"no rank 1 among {children}")
+
+
+def test_sigterm_to_one_rank_goes_through_lightning_and_resumes_exactly(tmp_path: Path) -> None:
+    full, run = tmp_path / "full", tmp_path / "run"
+    assert finish(launch(full, "full", num_workers=0), full, "full") == 0
+    process = launch(run, "soak", num_workers=0)
+    target = CHECKPOINT_EVERY + CHECKPOINT_EVERY // 2
+    wait_for_step(process, run, 0, target)
+    os.kill(rank_one(process), signal.SIGTERM)
+    returncode = finish(process, run, "soak")
+    log = (run / "soak.log").read_text()
+    assert returncode != 0 and "SIGTERM" in log, log[-3000:]
+    resume_from = str(run / "checkpoints" / "last.ckpt")
+    assert finish(launch(run, "soak", num_workers=0, resume_from=resume_from), run, "soak") == 0
+    assert first_divergence(read_audit(full / "audit"), read_audit(run / "audit")) is None
