@@ -11,7 +11,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from lightning_resumable._lightning import (
@@ -322,10 +322,13 @@ class ResumableDataCallback(pl.Callback):
         self._pending: _Restored | None = None
         self._seed: int | None = None
         self._resized_epoch: int | None = None
-        # Lightning 2.6 numbers the batches of the epoch after a stream resumed on its last batch from
-        # where that epoch ended; (epoch, offset) maps its batch_idx back, None until the first batch.
+        # Where the data resumes: (epoch, index of the first batch this process trains), checked against
+        # Lightning's batch_idx at the first batch. Lightning 2.6 can number a resumed epoch's batches
+        # from 0 (a resume from a checkpoint written after an earlier resume from an epoch's end) or
+        # from where the previous epoch ended (a stream resumed after its last batch); the callback
+        # then counts the epoch's batches itself: (epoch, offset) added to Lightning's count.
+        self._first_batch: tuple[int, int] | None = None
         self._batch_index_offset: tuple[int, int] | None = None
-        self._renumber_first_batch = False
 
     @property
     def state_key(self) -> str:
@@ -426,7 +429,6 @@ class ResumableDataCallback(pl.Callback):
         if restored.finished:  # every rank had read its whole stream: the resume starts the next epoch
             loader.start_epoch(restored.epoch + 1)
             self._stream_start = (restored.epoch + 1, None)
-            self._renumber_first_batch = True
         elif restored.epoch == current_epoch:
             loader.restore(state, restored.batches)
             self._stream_start = (restored.epoch, restored.batches)
@@ -453,7 +455,7 @@ class ResumableDataCallback(pl.Callback):
         if trainer is None or (not self._loaders and self._stream is None):
             # Nothing trained yet in this process: keep a restored state that was not applied.
             return self._pending.to_dict() if self._pending is not None else {}
-        batches = batches_processed(trainer)
+        batches = self._epoch_batch_index(trainer, batches_processed(trainer))
         if self._stream is not None:
             return {"stream": self._save_stream(trainer, self._stream, batches).to_dict()}
         complete = batches >= trainer.num_training_batches
@@ -512,18 +514,30 @@ class ResumableDataCallback(pl.Callback):
             # once per loader build.
             rebuild_train_loader_at_next_epoch(trainer)
 
+    def _first_batch_index(self, trainer: pl.Trainer, batch_idx: int) -> int:
+        """At each batch's start: Lightning's ``batch_idx``, checked against the data at the first batch."""
+        if self._first_batch is not None:
+            (epoch, expected), self._first_batch = self._first_batch, None
+            if epoch == trainer.current_epoch and expected != batch_idx:
+                rank_zero_warn(
+                    f"lightning_resumable: the data resumes at batch {expected} of epoch {epoch}, but Lightning"
+                    f" numbers that batch {batch_idx}; its loop progress in the checkpoint is inconsistent (as after"
+                    " a chain of resumes through an epoch's end). The data, the step seeds, the audit log and the"
+                    " next checkpoints count the epoch's batches from the data"
+                )
+                self._batch_index_offset = (epoch, expected - batch_idx)
+        return self._epoch_batch_index(trainer, batch_idx)
+
     def _epoch_batch_index(self, trainer: pl.Trainer, batch_idx: int) -> int:
-        if self._renumber_first_batch:
-            self._renumber_first_batch = False
-            self._batch_index_offset = (trainer.current_epoch, batch_idx)  # this batch is the epoch's first
+        """Lightning's ``batch_idx`` (or batch count), corrected where it disagreed with the data."""
         if self._batch_index_offset is not None and self._batch_index_offset[0] == trainer.current_epoch:
-            return batch_idx - self._batch_index_offset[1]
+            return batch_idx + self._batch_index_offset[1]
         return batch_idx
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        batch_idx = self._epoch_batch_index(trainer, batch_idx)
+        batch_idx = self._first_batch_index(trainer, batch_idx)
         if self.seed_steps and self._seed is not None:
             seed_training_step(self._seed, trainer.current_epoch, batch_idx)
 
@@ -565,6 +579,7 @@ class ResumableDataCallback(pl.Callback):
                 " ResumableDataModule (class MyData(ResumableDataModule, L.LightningDataModule))"
             )
         batches = batches_processed(trainer)
+        first = 0  # the index of the first batch this process trains, by the data
         if self._stream_start is not None:
             (epoch, stream_batches), self._stream_start = self._stream_start, None
             if epoch != trainer.current_epoch or stream_batches not in (None, batches):
@@ -572,6 +587,10 @@ class ResumableDataCallback(pl.Callback):
                     f"the stream state resumes epoch {epoch} after {stream_batches or 0} batches but the trainer"
                     f" resumes epoch {trainer.current_epoch} after {batches}"
                 )
+            first = stream_batches or 0
         for owned in self._loaders.values():
             expected = (0, batches) if self._mode is None else loader_position(self._mode, batches, len(owned.loader))
             owned.check_start(trainer, expected)
+            _, _, origin_batches = owned.sampler.origin
+            first = max(first, owned.sampler.cycle * len(owned.loader) + origin_batches)
+        self._first_batch = (trainer.current_epoch, first)

@@ -189,7 +189,7 @@ class ResumableSampler(DistributedSampler[Any]):
             self._start_fresh_pass()
         self._pass_complete = False
         self._chunk = (0, 0, iter(()))
-        self._recent_chunks.clear()
+        self._recent_chunks = collections.deque(maxlen=3)  # a new one: a copy (a peek) shares the old
         stride, stream_length = self.num_replicas, self.stream_length
         start = self._origin_position + self.rank
         stop = start + self._samples_per_rank() * stride
