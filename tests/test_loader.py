@@ -11,6 +11,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable import ResumableSampler, UnsupportedLoaderError
 from lightning_resumable.loader import make_resumable
+from lightning_resumable.workers import WorkerSafeDataLoader
 
 
 class Squares(Dataset[int]):
@@ -44,7 +45,7 @@ def test_settings_are_kept_and_the_sampler_replaced(loader_type: type, shuffle: 
     )
     converted = convert(original)
     sampler = converted.sampler
-    assert type(converted) is DataLoader
+    assert type(converted) is WorkerSafeDataLoader and not hasattr(converted, "state_dict")  # no second owner
     assert isinstance(sampler, ResumableSampler)
     assert (sampler.shuffle, sampler.seed, sampler.num_replicas, sampler.rank) == (shuffle, 7, 2, 1)
     assert sampler.batch_size == 3

