@@ -55,3 +55,12 @@ def test_different_setup_names_every_difference() -> None:
     with pytest.raises(IncompatibleStateError, match="dataset_size: checkpoint 100, now 99; batch_size") as info:
         saved.check_same_data(current)
     assert "world_size" not in str(info.value)
+
+
+def test_the_version_is_the_installed_metadata() -> None:
+    """One place for the version: pyproject.toml, read back from the installed metadata."""
+    from importlib.metadata import version
+
+    import lightning_resumable
+
+    assert lightning_resumable.__version__ == version("lightning-resumable") != ""

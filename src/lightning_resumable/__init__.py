@@ -1,5 +1,7 @@
 """Exact mid-epoch resume for PyTorch Lightning under DDP."""
 
+from importlib.metadata import version
+
 from lightning_resumable.batches import ResumableBatchSampler
 from lightning_resumable.callback import ResumableDataCallback
 from lightning_resumable.contract import PassThroughWrapper
@@ -48,4 +50,4 @@ __all__ = [
     "sample_rng",
 ]
 
-__version__ = "0.1.0"
+__version__ = version("lightning-resumable")  # one place: pyproject.toml, read from the installed metadata
