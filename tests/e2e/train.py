@@ -17,6 +17,7 @@ ends the process at once with ``os._exit`` (no cleanup, no exception handling, l
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -398,6 +399,10 @@ def main(config_path: str) -> None:
     else:
         datamodule = PlainData(config)
         callbacks.append(SetStreamEpoch())
+        # Plain loaders fork their workers as they are: on CPython 3.11 such a fork once deadlocked a
+        # control run (the after-fork hang the library's loaders avoid, workers.py). A control shows
+        # what a plain resume feeds, so it runs without collections, which removes that race.
+        gc.disable()
     if config["phase"] == "stop":
         callbacks.append(StopAt(config))
     checkpoint_every = config.get("checkpoint_every")
