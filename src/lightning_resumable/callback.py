@@ -34,7 +34,7 @@ from lightning_resumable.errors import (
 from lightning_resumable.randomness import seed_training_step
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
-from lightning_resumable.streams import GLOBAL_POSITION_ATTRIBUTE, StreamLoader, StreamState
+from lightning_resumable.streams import GLOBAL_POSITION_ATTRIBUTE, StreamLoader, StreamState, loader_state_finished
 from lightning_resumable.verification import (
     BatchFingerprint,
     all_gather_objects,
@@ -479,7 +479,7 @@ class ResumableDataCallback(pl.Callback):
             world_size=trainer.world_size,
             num_workers=loader.num_workers,
             global_position=bool(getattr(loader.dataset, GLOBAL_POSITION_ATTRIBUTE, False)),
-            finished=all(bool(each.get("_iterator_finished")) for each in ranks),
+            finished=all(loader_state_finished(each) for each in ranks),
             ranks=ranks,
         )
 

@@ -41,7 +41,14 @@ from lightning_resumable.errors import (
 from lightning_resumable.order import _MASK64, _splitmix64
 from lightning_resumable.workers import garbage_collector_paused
 
-__all__ = ["GLOBAL_POSITION_ATTRIBUTE", "SeededStream", "StreamLoader", "StreamState", "make_stream_resumable"]
+__all__ = [
+    "GLOBAL_POSITION_ATTRIBUTE",
+    "SeededStream",
+    "StreamLoader",
+    "StreamState",
+    "loader_state_finished",
+    "make_stream_resumable",
+]
 
 GLOBAL_POSITION_ATTRIBUTE = "resumable_global_position"
 """A dataset attribute: ``True`` declares its state the same on every rank and valid on any world size."""
@@ -215,6 +222,11 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
         """Make the next iteration a fresh pass of ``epoch`` (a resume after an epoch's last batch: Lightning
         creates the iterator while its epoch counter still shows the finished epoch)."""
         self._next_epoch = epoch
+
+
+def loader_state_finished(state: Mapping[str, Any]) -> bool:
+    """Whether a ``StatefulDataLoader`` state (from :meth:`StreamLoader.state_after`) had run out."""
+    return bool(state.get("_iterator_finished"))  # torchdata's key for an exhausted iterator
 
 
 @dataclass(frozen=True)
