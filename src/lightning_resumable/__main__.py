@@ -1,4 +1,4 @@
-"""``python -m lightning_resumable inspect CHECKPOINT [--json]`` (see :mod:`lightning_resumable.cli`)."""
+"""``python -m lightning_resumable inspect CHECKPOINT [--json]`` (see `lightning_resumable.cli`)."""
 
 import sys
 

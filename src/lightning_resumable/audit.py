@@ -3,7 +3,7 @@
 Promise: with ``ResumableDataCallback(audit_dir=...)`` every rank appends one JSON line per trained
 step to ``audit.rank{R}.jsonl`` (``{"epoch", "batch", "ids"}``, flushed at once, so a killed run keeps
 every line it wrote). A resumed run appends to the same files, re-runs of steps after the last
-checkpoint included. :func:`first_divergence` then tells whether two runs (an interrupted one and an
+checkpoint included. `first_divergence` then tells whether two runs (an interrupted one and an
 uninterrupted one, say) trained the same samples at every step, on every rank.
 
 ``ids`` are dataset indices for a map-style loader, ``{key: ids}`` for several loaders (``None``

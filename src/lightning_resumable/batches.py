@@ -1,6 +1,6 @@
 """Bring your own order: a batch sampler whose epoch is a pure function of (epoch, generator).
 
-Promise: subclass :class:`ResumableBatchSampler`, implement :meth:`~ResumableBatchSampler.epoch_batches`
+Promise: subclass `ResumableBatchSampler`, implement `epoch_batches`
 (the epoch's batches for all ranks together, of any sizes, as in length bucketing), and return
 ``DataLoader(dataset, batch_sampler=YourSampler(...))`` from ``train_dataloader()``. The library
 seeds the generator from (run seed, epoch), computes each epoch's batches once, splits them across
@@ -33,12 +33,12 @@ def epoch_generator(seed: int, epoch: int) -> torch.Generator:
 class ResumableBatchSampler(Sampler[list[int]]):
     """Base class for a batch sampler whose epochs the library can split across ranks and resume.
 
-    A subclass implements :meth:`epoch_batches`; its constructor calls ``super().__init__()``. Without
-    a ``ResumableDataModule`` it iterates the batches of ``self.epoch`` (see :meth:`set_epoch`) with
+    A subclass implements `epoch_batches`; its constructor calls ``super().__init__()``. Without
+    a ``ResumableDataModule`` it iterates the batches of ``self.epoch`` (see `set_epoch`) with
     ``self.seed``, on one process.
 
-    Example::
-
+    Example:
+        ```python
         class ByLength(ResumableBatchSampler):
             def __init__(self, lengths, max_tokens):
                 super().__init__()
@@ -48,6 +48,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
                 order = torch.randperm(len(self.lengths), generator=generator).tolist()
                 ...  # group similar lengths into batches of at most max_tokens
                 return batches
+        ```
     """
 
     def __init__(self) -> None:
@@ -60,6 +61,7 @@ class ResumableBatchSampler(Sampler[list[int]]):
         raise NotImplementedError(f"{type(self).__qualname__} must implement epoch_batches(epoch, generator)")
 
     def set_epoch(self, epoch: int) -> None:
+        """Iterate ``epoch``'s batches next (used without a ``ResumableDataModule``)."""
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[list[int]]:

@@ -243,19 +243,19 @@ class ResumableDataCallback(pl.Callback):
     loader prefetched, and a fingerprint of the batch each rank trains next. Several train loaders
     (a list, a dict, a ``CombinedLoader``) are recorded each under its key, with the cycle a shorter
     loader is in; a stream (an ``IterableDataset`` with state) is recorded per rank, with each
-    worker's state, as it stood after the last completed batch (see :mod:`lightning_resumable.streams`).
-    On restore it hands that state to the sampler that :class:`~lightning_resumable.ResumableDataModule` builds inside
+    worker's state, as it stood after the last completed batch (see `lightning_resumable.streams`).
+    On restore it hands that state to the sampler that `ResumableDataModule` builds inside
     ``train_dataloader()``, before the sampler's iterator exists; at ``on_train_start`` it checks
     that the trainer resumed the same epoch and batch as the data, and that the batches about to be
     trained match the fingerprints.
 
     Randomness is derived, never stored: each sample is fetched under a seed of ``(seed, epoch,
     global position)`` and each training step starts from a seed of ``(seed, epoch, batch index)``
-    (see :mod:`lightning_resumable.randomness`).
+    (see `lightning_resumable.randomness`).
 
     Args:
         allow_world_size_change: resume on a different number of processes (logged once on rank 0).
-            ``False`` raises :class:`WorldSizeChangedError` instead.
+            ``False`` raises `WorldSizeChangedError` instead.
         seed_samples: seed torch's CPU generator, ``random`` and NumPy's global ``RandomState``
             before each sample is fetched, so augmentations are exact after a resume.
             ``sample_rng()`` works either way.
@@ -279,21 +279,22 @@ class ResumableDataCallback(pl.Callback):
         MissingCallbackError: training starts without a ``ResumableDataModule`` train loader.
         ContractViolationError: at build or at a save, an object in the train loader persists a
             derived quantity (rank, world size, shard offset...) or a wrapper persists other state
-            than its inner object's (see :class:`~lightning_resumable.PassThroughWrapper`).
+            than its inner object's (see `PassThroughWrapper`).
         InconsistentRankStateError: at a save, the ranks' datasets hold different states.
 
     A dataset with its own ``state_dict``/``load_state_dict`` (a curriculum, say) is persisted once,
     as global state, and restored before the loader is iterated. ``state_dict`` is collective: save
     checkpoints on every rank, as ``ModelCheckpoint`` does.
 
-    Example::
-
+    Example:
+        ```python
         class MyData(ResumableDataModule, L.LightningDataModule):
             def train_dataloader(self):
                 return DataLoader(self.dataset, batch_size=32, shuffle=True, num_workers=2)
 
         trainer = L.Trainer(strategy="ddp", devices=2, callbacks=[ResumableDataCallback()])
         trainer.fit(model, MyData(), ckpt_path="last.ckpt")
+        ```
     """
 
     def __init__(
@@ -368,8 +369,8 @@ class ResumableDataCallback(pl.Callback):
         """Take ownership of ``loader`` before it is iterated: check the pass-through contract, apply a
         restored state (the sampler's and the dataset's) once, or else select the trainer's current
         epoch (a loader reloaded mid-run may be iterated, with prefetching workers, before Lightning's
-        ``set_epoch``). ``loader`` is a map-style loader with a :class:`ResumableSampler` or a
-        :class:`~lightning_resumable.streams.StreamLoader`."""
+        ``set_epoch``). ``loader`` is a map-style loader with a `ResumableSampler` or a
+        `StreamLoader`."""
         if isinstance(loader, StreamLoader):
             self._attach_stream(loader, current_epoch)
             return

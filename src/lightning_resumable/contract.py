@@ -4,9 +4,9 @@ derived quantity (rank, world size, shard offset), which is recomputed from the 
 Promise: every loader the mixin builds is walked (loader, batch sampler, sampler, dataset, and each
 wrapper's inner object) when it is built and again at every save. State that names a derived
 quantity at any depth, or a wrapper whose state differs from its inner object's, is refused with
-:class:`ContractViolationError` naming the object's class, its path in the loader and the key.
+`ContractViolationError` naming the object's class, its path in the loader and the key.
 
-:class:`PassThroughWrapper` is the base class for your own wrappers of a dataset, sampler or batch
+`PassThroughWrapper` is the base class for your own wrappers of a dataset, sampler or batch
 sampler: its ``state_dict``/``load_state_dict`` delegate to the wrapped object and cannot be
 overridden, so pass-through is the only behaviour it can have.
 """
@@ -54,8 +54,8 @@ class PassThroughWrapper:
     those names as state keys anywhere in the loader. Attributes the wrapper does not have are read
     from the wrapped object, which is ``.inner``; ``len()`` is the wrapped object's.
 
-    Example::
-
+    Example:
+        ```python
         class EveryOther(PassThroughWrapper, Dataset):
             derived_attributes = ("offset",)
 
@@ -68,6 +68,7 @@ class PassThroughWrapper:
 
             def __getitem__(self, index):
                 return self.inner[2 * index + self.offset]
+        ```
     """
 
     derived_attributes: ClassVar[tuple[str, ...]] = ()
@@ -85,10 +86,12 @@ class PassThroughWrapper:
                 )
 
     def state_dict(self) -> dict[str, Any]:
+        """The wrapped object's state, unchanged (``{}`` if it has none)."""
         inner_state_dict = getattr(self.inner, "state_dict", None)
         return dict(inner_state_dict()) if callable(inner_state_dict) else {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Hand ``state`` to the wrapped object; the wrapper's own attributes are derived, not restored."""
         inner_load = getattr(self.inner, "load_state_dict", None)
         if callable(inner_load):
             inner_load(state)

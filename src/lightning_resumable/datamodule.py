@@ -43,11 +43,11 @@ class ResumableDataModule:
     ``persistent_workers``, ``drop_last``, ``batch_size``), a loader over an ``IterableDataset``
     with ``state_dict``/``load_state_dict``, or a list, dict or ``CombinedLoader`` of map-style
     loaders (each gets a seed of its own, from the run's seed and its key). The mixin rebuilds it around a
-    :class:`~lightning_resumable.ResumableSampler` for this process's rank and world size, seeded
+    `ResumableSampler` for this process's rank and world size, seeded
     with the run's shuffle seed, wraps the dataset in a
-    :class:`~lightning_resumable.SampleSeededDataset` (each sample is fetched under the seed of its
+    `SampleSeededDataset` (each sample is fetched under the seed of its
     global position; attributes are read through to your dataset, which is ``.dataset``), and hands
-    the loader to :class:`ResumableDataCallback`, which positions it before the first batch is drawn.
+    the loader to `ResumableDataCallback`, which positions it before the first batch is drawn.
 
     Pass-through contract: the persisted state is the sampler's global state only; rank, world size
     and shard offsets are derived again from the current trainer on every restore.
@@ -56,11 +56,12 @@ class ResumableDataModule:
         MissingCallbackError: no ``ResumableDataCallback`` on the trainer, or no trainer attached.
         UnsupportedLoaderError: the returned loader cannot be resumed exactly (message says why).
 
-    Example::
-
+    Example:
+        ```python
         class MyData(ResumableDataModule, L.LightningDataModule):
             def train_dataloader(self):
                 return DataLoader(self.dataset, batch_size=32, shuffle=True)
+        ```
     """
 
     trainer: pl.Trainer | None

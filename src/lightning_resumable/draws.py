@@ -1,18 +1,18 @@
 """What each position of an epoch's global stream draws: a pure function of (seed, epoch, position).
 
-Promise: for every sampler torch ships for map-style datasets, a :class:`Draws` with the same
+Promise: for every sampler torch ships for map-style datasets, a `Draws` with the same
 distribution whose draw at position ``p`` is computed from ``(seed, epoch, p)`` alone, counter-based,
 so a stream can start at any position without replaying the ones before it:
 
-- :class:`Permutation`: ``shuffle=True/False``, ``RandomSampler``, ``SequentialSampler``,
+- `Permutation`: ``shuffle=True/False``, ``RandomSampler``, ``SequentialSampler``,
   ``DistributedSampler``. O(1) per position.
-- :class:`RepeatedPermutation`: ``RandomSampler(num_samples=k)`` without replacement: whole
+- `RepeatedPermutation`: ``RandomSampler(num_samples=k)`` without replacement: whole
   permutations, then the head of one more. O(1) per position.
-- :class:`UniformDraws`: ``RandomSampler(replacement=True)``. O(1) per position.
-- :class:`WeightedDraws`: ``WeightedRandomSampler``. With replacement, O(log N) per position (a
+- `UniformDraws`: ``RandomSampler(replacement=True)``. O(1) per position.
+- `WeightedDraws`: ``WeightedRandomSampler``. With replacement, O(log N) per position (a
   binary search of the cumulative weights); without, the epoch's order is computed once per epoch
   (Efraimidis-Spirakis keys, O(N log N)) and kept.
-- :class:`SubsetPermutation`: ``SubsetRandomSampler``. O(1) per position.
+- `SubsetPermutation`: ``SubsetRandomSampler``. O(1) per position.
 
 The sampler splits the stream across ranks (rank ``r`` takes positions ``r, r + W, ...``), as
 Lightning's ``DistributedSamplerWrapper`` splits a custom sampler's stream.

@@ -1,4 +1,4 @@
-"""Every exception the library raises derives from :class:`ResumeError`.
+"""Every exception the library raises derives from `ResumeError`.
 
 A user catches ``ResumeError`` to handle all of them; each subclass names one way a resume can go
 wrong, and its message says which values differ.
@@ -31,7 +31,11 @@ class IncompatibleStateError(ResumeError):
 
 
 class WorldSizeChangedError(IncompatibleStateError):
-    """The number of processes changed and the callback was told to refuse that."""
+    """The number of processes changed where the saved position cannot be split anew.
+
+    Raised for a map-style loader with ``ResumableDataCallback(allow_world_size_change=False)``, for
+    several train loaders, and for a stream whose position is per rank.
+    """
 
 
 class WorkerCountChangedError(IncompatibleStateError):
@@ -59,7 +63,7 @@ class ResumeVerificationError(ResumeError):
 
 
 class NotInSampleFetchError(ResumeError):
-    """:func:`~lightning_resumable.sample_rng` was called outside a sample fetch of a resumable loader."""
+    """`sample_rng` was called outside a sample fetch of a resumable loader."""
 
 
 class ContractViolationError(ResumeError):

@@ -1,17 +1,17 @@
-"""Turn a user's train ``DataLoader`` into one driven by a :class:`ResumableSampler`.
+"""Turn a user's train ``DataLoader`` into one driven by a `ResumableSampler`.
 
 Promise: the rebuilt loader reads the same dataset with the same batch size, workers, collation,
 pinning and ``drop_last``; only the sampler changes, and the dataset is wrapped in a
-:class:`~lightning_resumable.randomness.SampleSeededDataset` so that each sample is fetched under the
+`SampleSeededDataset` so that each sample is fetched under the
 seed of its global position. Anything whose stream we cannot reproduce
 exactly (a sampler or batch sampler other than torch's standard ones and
-:class:`~lightning_resumable.ResumableBatchSampler` subclasses, an iterable dataset without state, a
-``DataLoader`` subclass whose constructor Lightning cannot replay) is refused with :class:`UnsupportedLoaderError`
+`ResumableBatchSampler` subclasses, an iterable dataset without state, a
+``DataLoader`` subclass whose constructor Lightning cannot replay) is refused with `UnsupportedLoaderError`
 rather than silently resumed wrong. ``DataLoader`` subclasses are built again by Lightning's own
-re-instantiation (see :func:`lightning_resumable._lightning.reinstantiate_loader`).
+re-instantiation (see `lightning_resumable._lightning.reinstantiate_loader`).
 A dataset with its own ``state_dict``/``load_state_dict`` is kept; the callback persists its state.
 A loader over an iterable dataset with state becomes a
-:class:`~lightning_resumable.streams.StreamLoader` (see :mod:`lightning_resumable.streams`).
+`StreamLoader` (see `lightning_resumable.streams`).
 
 A ``StatefulDataLoader`` is rebuilt as a plain ``DataLoader``: the callback owns the position, so
 torchdata's own snapshots would be a second owner (the double count of Accelerate #3938) and cost
@@ -93,10 +93,10 @@ def make_resumable(
     restore_globals: bool = True,
     epoch_source: Callable[[], int] = lambda: 0,
 ) -> DataLoader[Any]:
-    """Return ``loader`` rebuilt around a keyed :class:`ResumableSampler` and a :class:`SampleSeededDataset`.
+    """Return ``loader`` rebuilt around a keyed `ResumableSampler` and a `SampleSeededDataset`.
 
     ``seed_samples=False`` leaves the global generators alone while fetching (``sample_rng()`` still
-    works); ``restore_globals`` is the wrapper's (see :class:`SampleSeededDataset`). A loader that
+    works); ``restore_globals`` is the wrapper's (see `SampleSeededDataset`). A loader that
     this function built already is returned as it is. ``epoch_source`` gives a stream loader the
     trainer's epoch at each ``iter()``.
 

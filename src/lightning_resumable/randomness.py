@@ -5,17 +5,17 @@ training step's are a pure function of ``(seed, epoch, batch index)``. Neither d
 ``num_workers``, worker id, rank, world size, persistent workers, prefetching, when an iterator was
 created, or whether the run was interrupted. Nothing is persisted: the seeds are derived again.
 
-- :func:`sample_seeds` gives each position of an epoch its own 63-bit seed (vectorised, computed by
+- `sample_seeds` gives each position of an epoch its own 63-bit seed (vectorised, computed by
   the sampler together with the order).
-- :class:`SampleSeededDataset` wraps the user's dataset: before each sample is fetched it seeds the
+- `SampleSeededDataset` wraps the user's dataset: before each sample is fetched it seeds the
   global generators that augmentation code draws from (torch's default CPU generator, Python's
   ``random``, NumPy's global ``RandomState``). In the main process (``num_workers=0``) it can
   restore their state after the batch, so fetching does not disturb the training step's stream;
   under Lightning that is needed only when the callback does not reseed each step, since each batch
   is fetched before ``on_train_batch_start``.
-- :func:`sample_rng` is the explicit API: a ``torch.Generator`` and a ``numpy.random.Generator`` of
+- `sample_rng` is the explicit API: a ``torch.Generator`` and a ``numpy.random.Generator`` of
   the sample being fetched, as Grain gives each record its own RNG.
-- :func:`seed_training_step` reseeds the global generators (and CUDA's, where initialised) at the
+- `seed_training_step` reseeds the global generators (and CUDA's, where initialised) at the
   start of each training step.
 """
 
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 SampleKey = tuple[int, int]
-"""What the sampler hands to :class:`SampleSeededDataset` per sample: ``(dataset index, sample seed)``."""
+"""What the sampler hands to `SampleSeededDataset` per sample: ``(dataset index, sample seed)``."""
 
 _MASK32 = 0xFFFFFFFF
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -113,7 +113,7 @@ class SampleRng:
 
     ``torch`` and ``numpy`` are created on first use and kept for the rest of the sample's fetch, so
     successive draws continue one stream. They are independent of the global generators that
-    :class:`SampleSeededDataset` seeds for the same sample.
+    `SampleSeededDataset` seeds for the same sample.
     """
 
     def __init__(self, seed: int) -> None:
@@ -137,18 +137,19 @@ class SampleRng:
 
 
 _current: SampleRng | int | None = None
-"""The sample being fetched in this process: its seed, or its :class:`SampleRng` once asked for."""
+"""The sample being fetched in this process: its seed, or its `SampleRng` once asked for."""
 
 
 def sample_rng() -> SampleRng:
     """The generators of the sample being fetched; call it inside your dataset's ``__getitem__``.
 
-    Example::
-
+    Example:
+        ```python
         def __getitem__(self, index):
             rng = lightning_resumable.sample_rng()
             top, left = torch.randint(0, 32, (2,), generator=rng.torch).tolist()
             flip = rng.numpy.random() < 0.5
+        ```
 
     Raises:
         NotInSampleFetchError: called outside a fetch by a loader that a ``ResumableDataModule`` built.
@@ -168,8 +169,8 @@ def sample_rng() -> SampleRng:
 class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
     """A pass-through wrapper that fetches each sample under its own seed.
 
-    It takes :data:`SampleKey` pairs ``(index, sample seed)`` from a
-    :class:`~lightning_resumable.ResumableSampler` built with ``sample_keys=True``; any other index
+    It takes `SampleKey` pairs ``(index, sample seed)`` from a
+    `ResumableSampler` built with ``sample_keys=True``; any other index
     is passed to the wrapped dataset unchanged, unseeded. Attributes it does not have are read
     from the wrapped dataset, which is ``.dataset``.
 
@@ -179,7 +180,7 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
     Args:
         dataset: the user's map-style dataset.
         seed_globals: seed the global generators before each sample. ``False`` keeps only
-            :func:`sample_rng` (whose seeds cost nothing until asked for).
+            `sample_rng` (whose seeds cost nothing until asked for).
         restore_globals: in the main process, put the global generators back after each batch (about
             70 µs a batch, mostly NumPy's state), so the fetch leaves the caller's stream as it was.
         collate_fn: for a sampler that yields whole batches (a list of keys per index, with the

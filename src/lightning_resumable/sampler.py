@@ -1,6 +1,6 @@
 """A distributed sampler whose stream is a pure function of (seed, epoch, position, world size).
 
-Promise: :class:`ResumableSampler` yields on each rank exactly what torch's ``DistributedSampler``
+Promise: `ResumableSampler` yields on each rank exactly what torch's ``DistributedSampler``
 layout would (rank ``r`` takes every ``world_size``-th element of the epoch's stream, the tail padded
 by wrapping around or dropped), and it can start that stream at any global position of any epoch in
 O(1) time and memory, without replaying earlier positions or epochs.
@@ -38,16 +38,16 @@ class ResumableSampler(DistributedSampler[Any]):
     """Exactly resumable replacement for ``DistributedSampler``.
 
     The epoch's stream is its ``draws`` keyed by ``(seed, epoch)``: by default a permutation
-    (:class:`~lightning_resumable.order.EpochOrder`), or the counter-based draws of a weighted,
-    with-replacement or subset sampler, or a batch sampler's batches (:mod:`lightning_resumable.draws`,
-    :mod:`lightning_resumable.batches`). The persisted position is global (samples consumed by all
+    (`EpochOrder`), or the counter-based draws of a weighted,
+    with-replacement or subset sampler, or a batch sampler's batches (`lightning_resumable.draws`,
+    `lightning_resumable.batches`). The persisted position is global (samples consumed by all
     ranks together), so a state written on ``W`` processes restores on ``W'``: the rest of the
     interrupted epoch is split across the ``W'`` ranks, every remaining sample once (plus
     ``DistributedSampler``-style padding unless ``drop_last``). Being a ``DistributedSampler``
     subclass, Lightning leaves it in place.
 
     Consumption is what the trainer has really trained on, not what workers have prefetched: call
-    :meth:`set_consumed_batches` before :meth:`state_dict` (``ResumableDataCallback`` does). Without
+    `set_consumed_batches` before `state_dict` (``ResumableDataCallback`` does). Without
     that call, ``state_dict`` counts the indices this rank has handed out, which is right only for a
     loop that does not prefetch (``num_workers=0``).
 
@@ -59,24 +59,24 @@ class ResumableSampler(DistributedSampler[Any]):
         seed: the shuffle seed; part of the persisted state.
         drop_last: drop the tail that does not divide evenly across ranks instead of padding.
         batch_size: samples per batch on each rank; converts the trainer's batch counts to positions.
-        draws: what the epoch's stream draws (:mod:`lightning_resumable.draws`): weighted, with
+        draws: what the epoch's stream draws (`lightning_resumable.draws`): weighted, with
             replacement, a subset... ``None`` is a permutation of the dataset (or the identity
             without ``shuffle``). Its ``length`` is the epoch's stream, split across the ranks. Given
             draws, ``shuffle`` is theirs (only a sequential permutation is unshuffled).
         sample_keys: yield ``(index, sample seed)`` pairs instead of indices, the seed derived from
             ``(seed, epoch, global position)``, for a
-            :class:`~lightning_resumable.randomness.SampleSeededDataset` to fetch each sample under its
+            `SampleSeededDataset` to fetch each sample under its
             own seed.
 
-    A restore (:meth:`load_state_dict`) applies to the next iteration only. A pass that starts after
+    A restore (`load_state_dict`) applies to the next iteration only. A pass that starts after
     the previous pass of the same epoch ran to its end is the epoch's next *cycle* (``CombinedLoader``
     in ``max_size_cycle`` mode restarts a shorter loader this way): a stream of its own, keyed by
     ``(seed, epoch, cycle)``, where ``DistributedSampler`` would repeat the epoch's order. A state
     saved after the epoch's last sample restores as "this epoch is complete": the next iteration yields nothing, until
-    :meth:`set_epoch` selects another epoch.
+    `set_epoch` selects another epoch.
 
-    Example::
-
+    Example:
+        ```python
         sampler = ResumableSampler(dataset, num_replicas=2, rank=0, seed=42, batch_size=8)
         loader = DataLoader(dataset, batch_size=8, sampler=sampler)
         sampler.set_epoch(3)
@@ -85,6 +85,7 @@ class ResumableSampler(DistributedSampler[Any]):
         state = sampler.state_dict()  # {"epoch": 3, "position": 160, ...}
         # after the restart, before iterating:
         sampler.load_state_dict(state)
+        ```
     """
 
     def __init__(

@@ -1,6 +1,6 @@
 """The persisted data state: global values only, plain types only.
 
-Promise: a :class:`DataState` holds the cause of the stream (seed, epoch, global position) and the
+Promise: a `DataState` holds the cause of the stream (seed, epoch, global position) and the
 setup needed to check a resume is legitimate; never a derived quantity such as rank, shard offset or
 per-worker progress, which is recomputed from the current setup on restore. Its dict form contains
 only ints, bools and strings, so a checkpoint stays loadable with ``torch.load(weights_only=True)``.
@@ -56,6 +56,7 @@ class DataState:
     version: int = STATE_VERSION
 
     def to_dict(self) -> dict[str, int | bool | str]:
+        """The state as plain values, as the checkpoint stores it (readable with ``weights_only=True``)."""
         return asdict(self)
 
     @classmethod

@@ -7,15 +7,15 @@ resumes on every rank at the batch after the checkpoint, with the same content.
   its own slice), so the callback gathers every rank's state into the checkpoint that rank 0 writes,
   keyed by rank, and each rank restores its own, before its iterator exists.
 - Lightning reads one batch ahead of ``training_step`` for a loader without a length, so the loader's
-  state when a checkpoint is written is one batch too far. :class:`StreamLoader` records its state
+  state when a checkpoint is written is one batch too far. `StreamLoader` records its state
   before each batch and hands out the one at the trainer's count of completed batches.
 - Workers' stream state is captured by torchdata's ``StatefulDataLoader`` (a snapshot at every batch).
 - Each sample is drawn under a seed of ``(seed, epoch, rank, worker, samples that worker has yielded)``,
   so augmentations drawn from the global generators are the same after a resume.
 
 A resume on another number of processes or workers would hand out states that mean another slice of
-the data: it is refused (:class:`~lightning_resumable.WorldSizeChangedError`,
-:class:`~lightning_resumable.WorkerCountChangedError`), unless the dataset declares its state global
+the data: it is refused (`WorldSizeChangedError`,
+`WorkerCountChangedError`), unless the dataset declares its state global
 (``resumable_global_position = True``: the same on every rank, as LitData's count of samples
 consumed by all ranks), in which case every rank restores rank 0's state on a new world size.
 """
@@ -155,7 +155,7 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
     It records its state before each batch (a copy; the last few batches only), so the state after
     ``k`` batches is known after Lightning has read batch ``k + 1`` ahead. ``state_dict`` and
     ``load_state_dict`` are hidden from Lightning, which would save rank 0's state after the
-    look-ahead and load it on every rank: use :meth:`state_after` and :meth:`restore`.
+    look-ahead and load it on every rank: use `state_after` and `restore`.
     """
 
     state_dict = None
@@ -225,7 +225,7 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
 
 
 def loader_state_finished(state: Mapping[str, Any]) -> bool:
-    """Whether a ``StatefulDataLoader`` state (from :meth:`StreamLoader.state_after`) had run out."""
+    """Whether a ``StatefulDataLoader`` state (from `StreamLoader.state_after`) had run out."""
     return bool(state.get("_iterator_finished"))  # torchdata's key for an exhausted iterator
 
 
@@ -309,7 +309,7 @@ def make_stream_resumable(
     epoch_source: Callable[[], int],
 ) -> StreamLoader:
     """``loader`` (a ``DataLoader`` or ``StatefulDataLoader`` over a stateful ``IterableDataset``) as a
-    :class:`StreamLoader` over a :class:`SeededStream`, every other setting kept.
+    `StreamLoader` over a `SeededStream`, every other setting kept.
 
     Raises:
         UnsupportedLoaderError: the stream has no state, or the loader has persistent workers (they

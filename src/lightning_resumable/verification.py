@@ -4,7 +4,7 @@ Promise: when a checkpoint is written, every rank records two 8-byte digests of 
 train next: one of its sample keys (dataset indices and per-sample seeds), one of its content (the
 collated batch). After a restore, before anything trains, the same batches are fetched again from
 the restored state and compared. A dataset re-listed in another order, data regenerated with the
-same length, or a changed transform is refused with :class:`ResumeVerificationError`.
+same length, or a changed transform is refused with `ResumeVerificationError`.
 
 The batch is fetched by the library itself, in the main process, each sample under its own seed
 (whatever the callback's ``seed_samples``), then collated by the loader's ``collate_fn``: the path is

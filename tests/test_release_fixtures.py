@@ -1,0 +1,53 @@
+"""Checkpoints written by earlier releases keep resuming to the batches those releases would have trained.
+
+Each ``tests/fixtures/<version>/`` holds checkpoints a release wrote mid-run and, in ``expected.json``,
+the steps that release's uninterrupted run trained after them (see ``tests/release_fixtures.py``). They
+are never regenerated: a new release adds its own directory. A change to the persisted schema, the
+sample order or the sample seeds that breaks an old checkpoint fails here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from lightning_resumable.cli import main as cli_main
+
+from .release_fixtures import FIXTURES, run
+
+RELEASES = sorted(path for path in FIXTURES.iterdir() if (path / "expected.json").is_file())
+CASES = [
+    pytest.param(release, scenario, id=f"{release.name}-{scenario}")
+    for release in RELEASES
+    for scenario in json.loads((release / "expected.json").read_text())["scenarios"]
+]
+
+
+def expected(release: Path, scenario: str) -> dict[str, Any]:
+    return json.loads((release / "expected.json").read_text())["scenarios"][scenario]  # type: ignore[no-any-return]
+
+
+def test_the_first_release_has_fixtures() -> None:
+    assert [release.name for release in RELEASES][:1] == ["0.1.0"]
+    assert len(CASES) >= 4
+
+
+@pytest.mark.parametrize(("release", "scenario"), CASES)
+def test_a_release_checkpoint_resumes_to_that_releases_batches(tmp_path: Path, release: Path, scenario: str) -> None:
+    steps = run(scenario, tmp_path, ckpt_path=release / f"{scenario}.ckpt")
+    assert steps == expected(release, scenario)["steps_after"]
+
+
+@pytest.mark.parametrize(("release", "scenario"), CASES)
+def test_a_release_checkpoint_loads_without_unpickling_and_inspects(
+    release: Path, scenario: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = torch.load(release / f"{scenario}.ckpt", weights_only=True)
+    (state,) = (value for key, value in checkpoint["callbacks"].items() if "ResumableDataCallback" in key)
+    assert state  # the data state is there, in plain values
+    assert cli_main(["inspect", str(release / f"{scenario}.ckpt")]) == 0
+    assert f"global_step {expected(release, scenario)['stop_step']}\n" in capsys.readouterr().out
