@@ -11,8 +11,6 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from mkdocs.exceptions import PluginError
-
 REFERENCE_PAGES = ("api.md", "exceptions.md")
 
 
@@ -44,6 +42,8 @@ def unreferenced_names(module: Any, docs_dir: Path) -> list[str]:
 
 
 def on_pre_build(config: Any) -> None:
+    from mkdocs.exceptions import PluginError
+
     import lightning_resumable
 
     missing = undocumented_names(lightning_resumable)
