@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 import lightning_resumable
 
 SOURCE_TREE = Path(__file__).resolve().parents[1] / "src"
@@ -20,4 +22,4 @@ def pytest_configure() -> None:
         os.environ.get("LIGHTNING_RESUMABLE_REQUIRE_INSTALLED")
         and SOURCE_TREE in Path(lightning_resumable.__file__).parents
     ):
-        raise RuntimeError(f"the tests must run against the installed wheel, not {lightning_resumable.__file__}")
+        raise pytest.UsageError(f"the tests must run against the installed wheel, not {lightning_resumable.__file__}")

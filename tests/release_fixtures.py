@@ -142,23 +142,40 @@ def compact_json(value: Any, depth: int = 0) -> str:
     return json.dumps(value)
 
 
-def write(root: Path) -> Path:
-    """Write this release's fixtures under ``tests/fixtures/<version>/``."""
-    target = FIXTURES / lightning_resumable.__version__
+def write(root: Path, version: str, scenarios: list[str], content: bool) -> Path:
+    """Write the fixtures of the installed release (``version``) under ``tests/fixtures/<version>/``.
+
+    ``content=False`` keeps the sample ids only: for a release that did not seed samples yet, whose
+    draws no later release reproduces.
+    """
+    target = FIXTURES / version
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
     expected = {}
-    for scenario, stop in SCENARIOS.items():
+    for scenario in scenarios:
+        stop = SCENARIOS[scenario]
         uninterrupted = run(scenario, root / scenario)
         run(scenario, root / scenario, save_at=target / f"{scenario}.ckpt")
-        expected[scenario] = {"stop_step": stop, "steps_after": uninterrupted[stop:]}
-    written = {"written_by": lightning_resumable.__version__, "seed": SEED, "scenarios": expected}
+        steps = uninterrupted[stop:] if content else [ids_of(step) for step in uninterrupted[stop:]]
+        expected[scenario] = {"stop_step": stop, "steps_after": steps}
+    written = {"written_by": version, "seed": SEED, "content": content, "scenarios": expected}
     (target / "expected.json").write_text(compact_json(written))
     return target
 
 
+def ids_of(step: dict[str, Any]) -> dict[str, Any]:
+    """A recorded step without its augmentation draws."""
+    return {key: [ids] for key, (ids, _draws) in step.items()}
+
+
 if __name__ == "__main__":
+    import argparse
     import tempfile
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--version", default=getattr(lightning_resumable, "__version__", None))
+    parser.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
+    parser.add_argument("--ids-only", action="store_true", help="record sample ids, not their draws")
+    options = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        print(write(Path(scratch)), file=sys.stderr)
+        print(write(Path(scratch), options.version, options.scenarios, content=not options.ids_only), file=sys.stderr)

@@ -74,6 +74,7 @@ def _loader_summary(saved: Mapping[str, Any]) -> dict[str, Any]:
     state = parsed.state.to_dict()
     length = _stream_length(state)
     summary: dict[str, Any] = {"kind": "map-style", **state}
+    summary["version"] = saved["train"]["version"]  # as written (an older version is read as the current one)
     if length:
         summary["stream_length"] = length
         summary["fraction_through"] = min(1.0, parsed.state.position / length)
