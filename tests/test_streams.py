@@ -3,6 +3,7 @@ refusals of a stateless stream and of another world size or worker count."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_resumable import (
+    IncompatibleStateError,
     ResumableDataCallback,
     ResumableDataModule,
+    StateFormatError,
     UnsupportedLoaderError,
     WorkerCountChangedError,
     WorldSizeChangedError,
@@ -131,6 +134,27 @@ def test_a_global_position_restores_rank_zeros_state_on_any_world_size() -> None
     assert [saved.for_rank(rank, 3, 0) for rank in range(3)] == [{"rank state": 0}] * 3
 
 
+def test_a_state_from_a_newer_torchdata_is_refused_and_an_older_ones_read() -> None:
+    written = dataclasses.replace(saved_on(1, 0), torchdata="0.11.0")
+    refused = r"written with torchdata 0\.11\.0 and resumes with torchdata 0\.10\.0"
+    with pytest.raises(IncompatibleStateError, match=refused):
+        written.for_rank(0, 1, 0, torchdata="0.10.0")
+    assert (
+        written.for_rank(0, 1, 0, torchdata="0.11.2")
+        == written.for_rank(0, 1, 0, torchdata="0.12.0.dev1")
+        == {"rank state": 0}
+    )
+    assert saved_on(1, 0).for_rank(0, 1, 0, torchdata="0.10.0") == {"rank state": 0}  # not recorded: not checked
+
+
+def test_a_version_1_stream_state_reads_without_a_torchdata_version() -> None:
+    raw = {key: value for key, value in saved_on(2, 0).to_dict().items() if key != "torchdata"}
+    state = StreamState.from_dict({**raw, "version": 1})
+    assert (state.torchdata, state.version) == ("", 2)
+    with pytest.raises(StateFormatError, match="must be str"):
+        StreamState.from_dict({**saved_on(2, 0).to_dict(), "torchdata": 11})
+
+
 def test_the_mixin_refuses_a_stateless_stream_before_training(tmp_path: Path) -> None:
     class Data(ResumableDataModule, L.LightningDataModule):
         def train_dataloader(self) -> DataLoader[Any]:
@@ -143,14 +167,12 @@ def test_the_mixin_refuses_a_stateless_stream_before_training(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"version": 9}, "version 1"),
+        ({"version": 9}, r"version \(1, 2\)"),
         ({"epoch": "1"}, "'epoch' must be int"),
         ({"finished": 1}, "'finished' must be bool"),
         ({"ranks": [{}]}, "one loader state per rank"),
     ],
 )
 def test_a_malformed_stream_state_is_refused(change: dict[str, Any], message: str) -> None:
-    from lightning_resumable import StateFormatError
-
     with pytest.raises(StateFormatError, match=message):
         StreamState.from_dict({**saved_on(2, 0).to_dict(), **change})

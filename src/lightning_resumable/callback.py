@@ -34,7 +34,13 @@ from lightning_resumable.errors import (
 from lightning_resumable.randomness import seed_training_step
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
-from lightning_resumable.streams import GLOBAL_POSITION_ATTRIBUTE, StreamLoader, StreamState, loader_state_finished
+from lightning_resumable.streams import (
+    GLOBAL_POSITION_ATTRIBUTE,
+    StreamLoader,
+    StreamState,
+    loader_state_finished,
+    torchdata_version,
+)
 from lightning_resumable.verification import (
     BatchFingerprint,
     all_gather_objects,
@@ -482,6 +488,7 @@ class ResumableDataCallback(pl.Callback):
             global_position=bool(getattr(loader.dataset, GLOBAL_POSITION_ATTRIBUTE, False)),
             finished=all(loader_state_finished(each) for each in ranks),
             ranks=ranks,
+            torchdata=torchdata_version(),
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

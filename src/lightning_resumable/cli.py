@@ -138,6 +138,7 @@ def _rows(name: str, loader: Mapping[str, Any]) -> list[tuple[str, str]]:
             ("world size", str(loader["world_size"])),
             ("workers per process", str(loader["num_workers"])),
             ("position is global", str(loader["global_position"])),
+            ("written with torchdata", loader["torchdata"] or "(not recorded)"),
         ]
         for rank, state in enumerate(loader["ranks"]):
             rows.append((f"rank {rank} state", json.dumps(state, sort_keys=True, default=str)))
