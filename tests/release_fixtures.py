@@ -26,6 +26,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, WeightedRando
 import lightning_resumable
 from lightning_resumable import ResumableDataCallback, ResumableDataModule
 
+from .test_callback import SaveAtStep  # used only to write fixtures, never to check them
+
 FIXTURES = Path(__file__).parent / "fixtures"
 SEED = 2026
 EPOCHS = 2
@@ -96,15 +98,6 @@ class Model(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-class SaveAtStep(L.Callback):
-    def __init__(self, step: int, path: Path) -> None:
-        self.step, self.path = step, path
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.global_step == self.step:
-            trainer.save_checkpoint(self.path)
 
 
 def run(scenario: str, root: Path, ckpt_path: Path | None = None, save_at: Path | None = None) -> list[Any]:

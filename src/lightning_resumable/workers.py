@@ -3,8 +3,8 @@
 On Python 3.11 a worker forked while another thread of the process was ending (a loader queue's
 feeder thread, finalised by the garbage collector) deadlocked in CPython's after-fork cleanup
 (``PyOS_AfterFork_Child`` -> ``_PyThreadState_DeleteExcept``), and the rank waited for it forever.
-The loaders this library builds therefore retire their previous iterator first and fork their
-workers with the garbage collector paused.
+The loaders this library builds therefore fork their workers with the garbage collector paused, and
+the stream loader also retires its previous iterator first.
 """
 
 from __future__ import annotations

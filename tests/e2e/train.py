@@ -17,13 +17,13 @@ ends the process at once with ``os._exit`` (no cleanup, no exception handling, l
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import random
 import sys
 import time
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from torch.utils.data import (
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable import ResumableBatchSampler, ResumableDataCallback, ResumableDataModule
+from lightning_resumable.workers import garbage_collector_paused
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -399,10 +400,6 @@ def main(config_path: str) -> None:
     else:
         datamodule = PlainData(config)
         callbacks.append(SetStreamEpoch())
-        # Plain loaders fork their workers as they are: on CPython 3.11 such a fork once deadlocked a
-        # control run (the after-fork hang the library's loaders avoid, workers.py). A control shows
-        # what a plain resume feeds, so it runs without collections, which removes that race.
-        gc.disable()
     if config["phase"] == "stop":
         callbacks.append(StopAt(config))
     checkpoint_every = config.get("checkpoint_every")
@@ -435,7 +432,11 @@ def main(config_path: str) -> None:
         default_root_dir=config["out_dir"],
     )
     ckpt_path = config["checkpoint"] if config["phase"].startswith("resume") else config.get("resume_from")
-    trainer.fit(Model(config), datamodule=datamodule, ckpt_path=ckpt_path)
+    # Plain loaders fork their workers as they are: on CPython 3.11 such a fork once deadlocked a control
+    # run (the after-fork hang the library's loaders avoid). A control shows what a plain resume feeds, so
+    # it trains with the library's own guard, garbage collection paused, around the whole run.
+    with nullcontext() if config["resumable"] else garbage_collector_paused():
+        trainer.fit(Model(config), datamodule=datamodule, ckpt_path=ckpt_path)
     if torch.distributed.is_initialized():
         # A clean shutdown: left to the interpreter's exit, gloo's threads once aborted a finished run.
         torch.distributed.destroy_process_group()
