@@ -449,6 +449,10 @@ class ResumableDataCallback(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer
         silence_not_resumable_warning()
+        if stage == TrainerFn.FITTING:
+            # Each fit builds its train loader anew (a second fit on the same trainer too): forget the last one's.
+            self._loaders, self._mode, self._stream, self._stream_start = {}, None, None, None
+            self._pending, self._resized_epoch, self._first_batch, self._batch_index_offset = None, None, None, None
 
     def state_dict(self) -> dict[str, Any]:
         """The data state; collective (every rank's fingerprint and stream state are gathered, because
@@ -492,7 +496,12 @@ class ResumableDataCallback(pl.Callback):
         )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not state_dict:
+        """Keep the checkpoint's data state for the train loader about to be built; only when fitting.
+
+        Lightning restores callbacks for every checkpoint load: ``validate``, ``test`` and ``predict``
+        from a checkpoint read no train stream, so their loads leave the callback as it is.
+        """
+        if not state_dict or (self._trainer is not None and self._trainer.state.fn != TrainerFn.FITTING):
             return
         if self._loaders or self._stream is not None:
             raise ResumeError(

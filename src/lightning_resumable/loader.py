@@ -49,7 +49,7 @@ from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.streams import SeededStream, make_stream_resumable
-from lightning_resumable.workers import WorkerSafeDataLoader
+from lightning_resumable.workers import WorkerSafeDataLoader, worker_safe
 
 __all__ = ["make_resumable"]
 
@@ -166,7 +166,7 @@ def make_resumable(
     seeded = SampleSeededDataset(dataset, seed_globals=seed_samples, restore_globals=restore_globals)
     if subclass:
         try:
-            return reinstantiate_loader(loader, seeded, sampler)
+            return worker_safe(reinstantiate_loader(loader, seeded, sampler))
         except ValueError as error:
             raise UnsupportedLoaderError(
                 f"train_dataloader() returned a {type(loader).__name__}, a DataLoader subclass that Lightning"

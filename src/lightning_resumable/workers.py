@@ -1,27 +1,56 @@
-"""Starting loader workers without a Python thread ending during the fork.
+"""Forking loader workers only when no thread of the previous pass is still ending.
 
-On Python 3.11 a worker forked while another thread of the process was ending (a loader queue's
-feeder thread, finalised by the garbage collector) deadlocked in CPython's after-fork cleanup
-(``PyOS_AfterFork_Child`` -> ``_PyThreadState_DeleteExcept``), and the rank waited for it forever.
-The loaders this library builds therefore fork their workers with the garbage collector paused, and
-the stream loader also retires its previous iterator first.
+On CPython 3.11 before 3.11.10 (and 3.8-3.10 before their September 2024 releases), a process forked
+while another thread of the parent held the runtime's ``HEAD_LOCK`` (a thread being created or torn
+down) deadlocks in the child's after-fork cleanup (``PyOS_AfterFork_Child`` ->
+``_PyThreadState_DeleteExcept``; CPython gh-112275, fixed by PR #112336), and the rank waits for that
+worker forever. The threads that end around a loader's fork are the previous pass's: its index
+queues' feeder threads, closed when the pass ended but left to finish on their own.
+
+Every loader this library builds therefore *retires* its previous iterator before it forks new
+workers: it shuts that iterator's workers down and joins its worker processes and its queues'
+feeder threads, so none of them is ending during the fork. The fork itself runs with the garbage
+collector paused, so no finaliser closes another iterator's queues meanwhile. On an affected
+CPython the first such fork warns once, on rank 0, because a user's own loaders (a validation loader
+with workers) are not guarded.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+import multiprocessing
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
-__all__ = ["WorkerSafeDataLoader", "garbage_collector_paused"]
+__all__ = [
+    "FORK_DEADLOCK_FIXED_IN",
+    "RetiringLoader",
+    "WorkerSafeDataLoader",
+    "forks_workers",
+    "garbage_collector_paused",
+    "retire",
+    "warn_once_on_affected_python",
+    "worker_safe",
+]
+
+FORK_DEADLOCK_FIXED_IN = (3, 11, 10)
+"""The first CPython 3.11 release with the fix of gh-112275 (3.12 and later never had the bug)."""
+_JOIN_TIMEOUT_S = 30.0
+"""A feeder thread ends within microseconds of its queue's close; this bound only keeps a broken
+queue from hanging the rank here instead."""
+
+_warned = False
 
 
 @contextmanager
 def garbage_collector_paused() -> Iterator[None]:
-    """No finaliser (and so no thread ending) runs from a collection while the block forks workers."""
+    """No finaliser (and so no queue closing, no thread ending) runs from a collection while the block forks."""
     collecting = gc.isenabled()
     gc.disable()
     try:
@@ -31,11 +60,84 @@ def garbage_collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-class WorkerSafeDataLoader(DataLoader[Any]):
-    """A ``DataLoader`` that forks its workers with the garbage collector paused."""
+def retire(iterator: object) -> None:
+    """Shut down a loader iterator's workers and wait until its processes and feeder threads have ended.
+
+    Idempotent; a single-process iterator (``num_workers=0``) has nothing to retire. Uses
+    ``torch.utils.data``'s ``_shutdown_workers``, ``_workers`` and ``_index_queues`` and
+    ``multiprocessing.Queue``'s ``_thread``: the only way to wait for them.
+    """
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()  # joins the workers (terminating stragglers) and closes the index queues
+    for worker in getattr(iterator, "_workers", ()):
+        worker.join(timeout=_JOIN_TIMEOUT_S)
+    for queue in getattr(iterator, "_index_queues", ()):
+        feeder = getattr(queue, "_thread", None)
+        if isinstance(feeder, threading.Thread) and feeder is not threading.current_thread():
+            feeder.join(timeout=_JOIN_TIMEOUT_S)
+
+
+def forks_workers(loader: DataLoader[Any]) -> bool:
+    """Whether iterating ``loader`` forks worker processes (``num_workers > 0`` with the fork start method)."""
+    if loader.num_workers == 0:
+        return False
+    context = loader.multiprocessing_context
+    method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
+    return method == "fork"
+
+
+def warn_once_on_affected_python(loader: DataLoader[Any]) -> None:
+    """Warn once per process, on rank 0, when ``loader`` is about to fork workers on an affected CPython."""
+    global _warned
+    if _warned or sys.version_info[:3] >= FORK_DEADLOCK_FIXED_IN or not forks_workers(loader):
+        return
+    _warned = True
+    version = ".".join(str(part) for part in sys.version_info[:3])
+    rank_zero_warn(
+        f"lightning_resumable: CPython {version} can deadlock a forked loader worker when another thread is"
+        " starting or ending during the fork (CPython gh-112275, fixed in 3.11.10 and 3.12). The train loaders"
+        " of this library retire their previous workers and threads before forking; loaders of your own with"
+        " num_workers > 0 (validation, test) are not guarded. Upgrade Python, or use"
+        " multiprocessing_context='forkserver' for those loaders",
+        category=RuntimeWarning,
+    )
+
+
+def _iterator_after_retiring(loader: DataLoader[Any], make: Callable[[], Any]) -> Any:
+    """``make()`` (a new iterator of ``loader``), once ``loader``'s previous iterator is retired."""
+    if not forks_workers(loader):
+        return make()
+    previous = loader.__dict__.pop("_previous_iterator", None)
+    if previous is not None:
+        retire(previous)
+        del previous
+    warn_once_on_affected_python(loader)
+    with garbage_collector_paused():
+        iterator = make()
+    loader._previous_iterator = iterator
+    return iterator
+
+
+class RetiringLoader(DataLoader[Any]):
+    """A ``DataLoader`` that retires its previous iterator before it forks the next one's workers."""
 
     def _get_iterator(self) -> Any:
-        if self.num_workers == 0:
-            return super()._get_iterator()
-        with garbage_collector_paused():
-            return super()._get_iterator()
+        return _iterator_after_retiring(self, super()._get_iterator)
+
+
+class WorkerSafeDataLoader(RetiringLoader):
+    """The ``DataLoader`` the library builds for a map-style loader (see `RetiringLoader`)."""
+
+
+def worker_safe(loader: DataLoader[Any]) -> DataLoader[Any]:
+    """``loader`` itself, retiring its previous iterator before each fork as a `RetiringLoader` does.
+
+    For a user's ``DataLoader`` subclass that Lightning rebuilt: its class stays its own, and only
+    this instance's ``_get_iterator`` is wrapped.
+    """
+    if isinstance(loader, RetiringLoader):
+        return loader
+    make = loader._get_iterator
+    loader._get_iterator = lambda: _iterator_after_retiring(loader, make)  # type: ignore[method-assign]
+    return loader

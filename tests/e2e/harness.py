@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from .processes import run_tree
 
 TRAIN_SCRIPT = Path(__file__).with_name("train.py")
 STREAM_SIZE = 48
@@ -171,17 +172,8 @@ def run_phase(
     config_path.write_text(json.dumps(_config(scenario, phase, run_dir, checkpoint, world_size)))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log_path = run_dir / f"{phase}.log"
-    # Output goes to a file, not a pipe: after a stop, orphaned loader workers would hold a pipe
-    # open until their watchdog notices the dead parent.
-    with log_path.open("w") as log:
-        returncode = subprocess.run(
-            [sys.executable, str(TRAIN_SCRIPT), str(config_path)],
-            cwd=run_dir,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=RUN_TIMEOUT_S,
-        ).returncode
+    command = [sys.executable, str(TRAIN_SCRIPT), str(config_path)]
+    returncode = run_tree(command, log_path, run_dir, RUN_TIMEOUT_S, f"{scenario.label()} phase {phase}", env)
     if expect_failure:
         if returncode == 0:
             raise AssertionError(f"{scenario.label()} phase {phase} was expected to fail and exited 0")

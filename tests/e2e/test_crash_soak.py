@@ -20,6 +20,7 @@ from typing import Any
 
 from lightning_resumable.audit import first_divergence, read_audit
 
+from . import processes
 from .harness import RUN_TIMEOUT_S, TRAIN_SCRIPT, Scenario
 
 CHECKPOINT_EVERY = 6
@@ -46,14 +47,10 @@ def config(run: Path, phase: str, **extra: Any) -> Path:
 
 
 def launch(run: Path, phase: str, **extra: Any) -> subprocess.Popen[bytes]:
+    """A run in its own process group: a kill reaches every rank and worker."""
     run.mkdir(parents=True, exist_ok=True)
-    log = (run / f"{phase}.log").open("wb")
-    return subprocess.Popen(
-        [sys.executable, str(TRAIN_SCRIPT), str(config(run, phase, **extra))],
-        cwd=run,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: a kill reaches every rank and worker
+    return processes.launch(
+        [sys.executable, str(TRAIN_SCRIPT), str(config(run, phase, **extra))], run / f"{phase}.log", run
     )
 
 
@@ -83,11 +80,7 @@ def wait_for_step(process: subprocess.Popen[bytes], run: Path, logged_before: in
 
 
 def finish(process: subprocess.Popen[bytes], run: Path, phase: str) -> int:
-    try:
-        return process.wait(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        raise AssertionError(f"{phase} hung: {(run / f'{phase}.log').read_text()[-3000:]}") from None
+    return processes.wait_tree(process, RUN_TIMEOUT_S, phase, run, run / f"{phase}.log")
 
 
 def test_five_kills_at_random_steps_train_what_an_uninterrupted_run_trains(tmp_path: Path) -> None:
@@ -105,8 +98,7 @@ def test_five_kills_at_random_steps_train_what_an_uninterrupted_run_trains(tmp_p
         target = (resumed_at // CHECKPOINT_EVERY + checkpoints_ahead) * CHECKPOINT_EVERY + CHECKPOINT_EVERY // 2
         target = min(target, total - CHECKPOINT_EVERY // 2)
         wait_for_step(process, soak, logged_before, target)
-        os.killpg(process.pid, signal.SIGKILL)  # a real crash: no exception, no cleanup
-        process.wait()
+        processes.kill_tree(process)  # a real crash: SIGKILL, no exception, no cleanup
         kills.append(target)
         resume_from = str(soak / "checkpoints" / "last.ckpt")
     assert finish(launch(soak, "soak", resume_from=resume_from), soak, "soak") == 0

@@ -8,15 +8,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import processes
+from .harness import RUN_TIMEOUT_S
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def cli(folder: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+def cli(folder: Path, *arguments: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(EXAMPLES / "cli.py"), "fit", "--config", str(EXAMPLES / "config.yaml"), *arguments]
-    done = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return done
+    log_path = folder / "fit.log"
+    returncode = processes.run_tree(command, log_path, folder, RUN_TIMEOUT_S, "the CLI run")
+    assert returncode == 0, log_path.read_text()[-4000:]
 
 
 def test_a_run_stopped_and_resumed_from_the_cli_trains_what_an_uninterrupted_one_does(tmp_path: Path) -> None:

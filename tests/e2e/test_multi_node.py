@@ -9,11 +9,11 @@ import json
 import math
 import os
 import socket
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+from . import processes
 from .harness import RUN_TIMEOUT_S, TRAIN_SCRIPT, Outcome, Records, Scenario, _config, read_records, run_phase
 from .test_elastic_resume import ids_in_epoch
 
@@ -36,20 +36,18 @@ def run_nodes(phase: str, run_dir: Path, checkpoint: Path) -> Records:
     environment = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
     launches = []
     for node in range(NODES):
-        log = (run_dir / f"{phase}.node{node}.log").open("w")
         command = [sys.executable, str(TRAIN_SCRIPT), str(config_path)]
-        env = {**environment, "NODE_RANK": str(node)}
-        launches.append((subprocess.Popen(command, cwd=run_dir, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    for node, (process, log) in enumerate(launches):
-        try:
-            returncode = process.wait(timeout=RUN_TIMEOUT_S)
-        finally:
-            log.close()
-        if returncode != 0:
-            for other, _ in launches:
-                other.kill()
-            tail = (run_dir / f"{phase}.node{node}.log").read_text()[-3000:]
-            raise AssertionError(f"node {node} of {phase} exited {returncode}: {tail}")
+        log_path = run_dir / f"{phase}.node{node}.log"
+        launches.append(
+            (processes.launch(command, log_path, run_dir, {**environment, "NODE_RANK": str(node)}), log_path)
+        )
+    try:
+        for node, (process, log_path) in enumerate(launches):
+            returncode = processes.wait_tree(process, RUN_TIMEOUT_S, f"node {node} of {phase}", run_dir, log_path)
+            assert returncode == 0, f"node {node} of {phase} exited {returncode}: {log_path.read_text()[-3000:]}"
+    finally:
+        for process, _ in launches:
+            processes.kill_tree(process)
     return read_records(run_dir, phase, SCENARIO.world_size)
 
 

@@ -443,4 +443,7 @@ def main(config_path: str) -> None:
 
 
 if __name__ == "__main__":
+    from processes import dump_stacks_on_signal  # this script's folder is first on sys.path
+
+    dump_stacks_on_signal(Path(json.loads(Path(sys.argv[1]).read_text())["out_dir"]))
     main(sys.argv[1])

@@ -1,0 +1,111 @@
+"""Process trees that cannot outlive a test: each launch is a session of its own; on a timeout every
+process in it dumps its Python stack, then the whole group is killed.
+
+A training run is rank 0, the ranks it launches, and each rank's loader workers. Killing rank 0
+alone leaves the others running, orphaned (and a hung worker keeps its rank waiting forever), so
+every launch gets its own process group and every end of a launch kills that group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+STACK_SIGNAL = signal.SIGUSR2
+"""The signal on which a process of a run writes every thread's Python stack (``faulthandler``).
+Not SIGUSR1: Lightning's SLURM auto-requeue takes that one."""
+STACKS_GLOB = "stacks.pid*.txt"
+
+
+def dump_stacks_on_signal(directory: Path) -> None:
+    """Called by each launched Python process at start: write every thread's stack to
+    ``directory/stacks.pid{PID}.txt`` on `STACK_SIGNAL`. Forked loader workers inherit it (into their
+    parent's file)."""
+    stacks = (directory / f"stacks.pid{os.getpid()}.txt").open("w")
+    faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
+
+
+def launch(
+    command: Sequence[str], log_path: Path, cwd: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``command`` in a session (and process group) of its own, its output to ``log_path``.
+
+    Output goes to a file, not a pipe: orphaned loader workers would hold a pipe open.
+    """
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            list(command),
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def kill_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL every process left in the launch's group (ranks, workers, orphans), then reap the launch."""
+    with contextlib.suppress(ProcessLookupError):  # the whole group has exited
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _stacks(directory: Path) -> str:
+    parts = []
+    for path in sorted(directory.glob(STACKS_GLOB)):
+        text = path.read_text(errors="replace").strip()
+        if text:
+            parts.append(f"--- process {path.stem.removeprefix('stacks.pid')} (and its forked workers) ---\n{text}")
+    return "\n".join(parts) or "(no process wrote a stack)"
+
+
+def _wait_for_quiet(directory: Path, seconds: float = 5.0) -> None:
+    """Wait (at most ``seconds``) until the stack files stop growing: the dumps are written asynchronously."""
+    deadline, last = time.monotonic() + seconds, -1
+    while time.monotonic() < deadline:
+        size = sum(path.stat().st_size for path in directory.glob(STACKS_GLOB))
+        if size == last and size > 0:
+            return
+        last = size
+        time.sleep(0.25)  # polling files being written, not waiting out a race
+
+
+def wait_tree(process: subprocess.Popen[bytes], timeout: float, what: str, stacks_dir: Path, log_path: Path) -> int:
+    """Wait for a launch; then kill whatever is left of its group.
+
+    Raises:
+        AssertionError: the launch ran past ``timeout``. Every process of the group has written its
+            Python stack first; the message holds them and the log's tail.
+    """
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, STACK_SIGNAL)
+        _wait_for_quiet(stacks_dir)
+        kill_tree(process)
+        log = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
+        raise AssertionError(
+            f"{what} hung for {timeout:.0f} s; its whole process tree was killed. Each process's Python stack:\n"
+            f"{_stacks(stacks_dir)}\n--- log tail ---\n{log}"
+        ) from None
+    finally:
+        kill_tree(process)
+
+
+def run_tree(
+    command: Sequence[str],
+    log_path: Path,
+    cwd: Path,
+    timeout: float,
+    what: str,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """`launch` and `wait_tree`: the exit code of a launch that ended within ``timeout``."""
+    return wait_tree(launch(command, log_path, cwd, env), timeout, what, cwd, log_path)
