@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, SequentialSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_resumable import ResumableSampler, UnsupportedLoaderError
+from lightning_resumable import IncompatibleStateError, ResumableSampler, UnsupportedLoaderError
 from lightning_resumable.loader import make_resumable
 from lightning_resumable.workers import WorkerSafeDataLoader
 
@@ -122,3 +122,42 @@ def test_a_dataloader_subclass_is_built_again_by_its_own_class_with_its_own_argu
 def test_unsupported_loaders_are_refused_with_the_reason(loader: object, message: str) -> None:
     with pytest.raises(UnsupportedLoaderError, match=message):
         convert(loader)
+
+
+class Sized(Dataset[int]):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_users_distributed_sampler_keeps_its_drop_last(drop_last: bool) -> None:
+    dataset = Sized(31)
+    for rank in (0, 1):
+        theirs = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=False, drop_last=drop_last)
+        loader = DataLoader(dataset, batch_size=4, sampler=theirs)
+        ours = make_resumable(loader, seed=7, num_replicas=2, rank=rank, seed_samples=False)
+        ids = [int(i) for batch in ours for i in batch]
+        assert ids == list(theirs), "the same samples as torch's sampler: 15 per rank with drop_last, else 16"
+        assert len(ids) == (15 if drop_last else 16)
+
+
+def test_a_resume_with_another_loader_drop_last_is_refused_either_way() -> None:
+    def sampler_of(drop_last: bool) -> ResumableSampler:
+        loader = DataLoader(Sized(31), batch_size=4, shuffle=True, drop_last=drop_last)
+        sampler = make_resumable(loader, seed=7, num_replicas=2, rank=0).sampler
+        assert isinstance(sampler, ResumableSampler)
+        return sampler
+
+    for saved, resumed in ((False, True), (True, False)):
+        state = sampler_of(saved).state_dict()
+        with pytest.raises(IncompatibleStateError, match=f"drop_last_batch: checkpoint {saved}, now {resumed}"):
+            sampler_of(resumed).load_state_dict(state)
+        sampler_of(saved).load_state_dict(state)  # the same setup resumes
+        older = {key: value for key, value in state.items() if key != "drop_last_batch"} | {"version": 3}
+        sampler_of(resumed).load_state_dict(older)  # version 3 did not record it: nothing to compare

@@ -156,7 +156,8 @@ def _rows(name: str, loader: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("world size", str(loader["world_size"])),
         ("dataset size", f"{loader['dataset_size']:,}"),
         ("draws", str(loader["draws"])),
-        ("batch size, shuffle, drop_last", f"{loader['batch_size']}, {loader['shuffle']}, {loader['drop_last']}"),
+        ("batch size, shuffle", f"{loader['batch_size']}, {loader['shuffle']}"),
+        ("drop_last: sampler, loader", f"{loader['drop_last']}, {loader.get('drop_last_batch', 'not recorded')}"),
     ]
     for rank, (ids, content) in enumerate(loader.get("next_batch", [])):
         rows.append((f"rank {rank} next batch", f"ids {ids}, content {content}"))

@@ -158,10 +158,12 @@ def make_resumable(
         num_replicas=num_replicas,
         rank=rank,
         seed=seed,
-        drop_last=False,
+        # A user's DistributedSampler(drop_last=True) drops the tail that does not divide across ranks.
+        drop_last=isinstance(loader.sampler, DistributedSampler) and bool(loader.sampler.drop_last),
         batch_size=loader.batch_size,
         draws=draws,
         sample_keys=True,
+        drop_last_batch=bool(loader.drop_last),
     )
     seeded = SampleSeededDataset(dataset, seed_globals=seed_samples, restore_globals=restore_globals)
     if subclass:

@@ -67,6 +67,8 @@ class ResumableSampler(DistributedSampler[Any]):
             ``(seed, epoch, global position)``, for a
             `SampleSeededDataset` to fetch each sample under its
             own seed.
+        drop_last_batch: the loader's ``drop_last``, recorded in the state so that a resume with
+            another one is refused (the sampler's stream does not depend on it).
 
     A restore (`load_state_dict`) applies to the next iteration only. A pass that starts after
     the previous pass of the same epoch ran to its end is the epoch's next *cycle* (``CombinedLoader``
@@ -99,6 +101,7 @@ class ResumableSampler(DistributedSampler[Any]):
         batch_size: int = 1,
         draws: Draws | None = None,
         sample_keys: bool = False,
+        drop_last_batch: bool = False,
     ) -> None:
         super().__init__(
             dataset,  # type: ignore[arg-type]  # torch annotates Dataset; any Sized works
@@ -113,6 +116,7 @@ class ResumableSampler(DistributedSampler[Any]):
         if len(dataset) > MAX_SIZE:
             raise ValueError(f"datasets of up to 2**40 samples are supported, got {len(dataset)}")
         self.batch_size = batch_size
+        self.drop_last_batch = drop_last_batch
         self.dataset_size = len(dataset)
         self.draws = draws if draws is not None else Permutation(self.dataset_size, shuffle)
         self.shuffle = self.draws.describe() != "sequential"  # one source of truth: the draws
@@ -313,6 +317,7 @@ class ResumableSampler(DistributedSampler[Any]):
             world_size=self.num_replicas,
             draws=self.draws.describe(),
             cycle=self.cycle,
+            drop_last_batch=self.drop_last_batch,
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -16,9 +16,10 @@ from lightning_resumable.errors import IncompatibleStateError, StateFormatError
 
 __all__ = ["STATE_VERSION", "DataState"]
 
-STATE_VERSION = 3
-# Version 1 had no ``draws`` (it was always a permutation); versions 1 and 2 had no ``cycle`` (always 0).
-_READABLE_VERSIONS = (1, 2, 3)
+STATE_VERSION = 4
+# Version 1 had no ``draws`` (it was always a permutation); versions 1 and 2 had no ``cycle`` (always 0);
+# versions 1 to 3 did not record the loader's ``drop_last`` (``drop_last_batch`` is None: not checked).
+_READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class DataState:
             a resume with other draws is refused.
         cycle: how many times the loader restarted within the epoch (``CombinedLoader``'s
             ``max_size_cycle`` restarts a shorter loader); each cycle is a stream of its own.
+        drop_last_batch: the loader's ``drop_last`` (drop each rank's last incomplete batch);
+            ``None`` in a state written before version 4, which did not record it.
     """
 
     seed: int
@@ -53,9 +56,10 @@ class DataState:
     world_size: int
     draws: str = "permutation"
     cycle: int = 0
+    drop_last_batch: bool | None = False
     version: int = STATE_VERSION
 
-    def to_dict(self) -> dict[str, int | bool | str]:
+    def to_dict(self) -> dict[str, int | bool | str | None]:
         """The state as plain values, as the checkpoint stores it (readable with ``weights_only=True``)."""
         return asdict(self)
 
@@ -72,14 +76,18 @@ class DataState:
         if version == 1:
             raw = {**raw, "draws": "permutation" if raw.get("shuffle") else "sequential"}
         if version in (1, 2):
-            raw = {**raw, "cycle": 0, "version": STATE_VERSION}
+            raw = {**raw, "cycle": 0}
+        if version in (1, 2, 3):
+            raw = {**raw, "drop_last_batch": None, "version": STATE_VERSION}
         values: dict[str, Any] = {}
         for field in fields(cls):
             if field.name not in raw:
                 raise StateFormatError(f"data state lacks the key {field.name!r}")
             value = raw[field.name]
-            expected = {"bool": bool, "str": str}.get(str(field.type), int)
-            if type(value) is not expected:
+            expected = {"bool": bool, "str": str, "bool | None": bool}.get(str(field.type), int)
+            if field.type == "bool | None" and value is None:
+                pass  # not recorded (a state read from an older version, saved again before it was applied)
+            elif type(value) is not expected:
                 raise StateFormatError(
                     f"data state key {field.name!r} must be {expected.__name__}, got {type(value).__name__}"
                 )
@@ -97,11 +105,12 @@ class DataState:
         The world size is not compared here: a changed world size is an elastic resume, which the
         sampler handles and the callback polices.
         """
-        names = ("dataset_size", "shuffle", "drop_last", "batch_size", "draws")
+        names = ("dataset_size", "shuffle", "drop_last", "drop_last_batch", "batch_size", "draws")
         differences = [
             f"{name}: checkpoint {getattr(self, name)!r}, now {getattr(current, name)!r}"
             for name in names
             if getattr(self, name) != getattr(current, name)
+            and None not in (getattr(self, name), getattr(current, name))
         ]
         if differences:
             raise IncompatibleStateError(
