@@ -16,12 +16,13 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_resumable import ResumableDataCallback, ResumableDataModule
+from lightning_resumable import PartialAccumulationError, ResumableDataCallback, ResumableDataModule
 
 
 class Model(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
+        torch.manual_seed(0)  # the same initial weights in every run
         self.layer = torch.nn.Linear(1, 1)
         self.trained: list[list[float]] = []
 
@@ -39,7 +40,7 @@ class Model(L.LightningModule):
         return self.layer(batch[0])
 
     def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        return torch.optim.SGD(self.parameters(), lr=0.001)
 
 
 def numbers(size: int) -> TensorDataset:
@@ -61,12 +62,12 @@ class SaveAt(L.Callback):
     def __init__(self, path: Path, batch: int) -> None:
         self.path, self.batch = path, batch
 
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.global_step == self.batch + 1:
+    def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if (trainer.current_epoch, batch_idx) == (0, self.batch):
             trainer.save_checkpoint(self.path)
 
 
-def trainer(root: Path, *callbacks: L.Callback) -> L.Trainer:
+def trainer(root: Path, *callbacks: L.Callback, **options: Any) -> L.Trainer:
     return L.Trainer(
         accelerator="cpu",
         devices=1,
@@ -76,6 +77,7 @@ def trainer(root: Path, *callbacks: L.Callback) -> L.Trainer:
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=root,
+        **options,
     )
 
 
@@ -118,3 +120,24 @@ def test_evaluating_before_a_resume_on_the_same_trainer_leaves_the_resume_exact(
     same.fit_loop.max_epochs = 2
     same.fit(again, Data(), ckpt_path=checkpoint)
     assert stopped.trained[:4] + again.trained == full.trained
+
+
+def test_a_save_inside_an_accumulation_window_is_refused_and_one_at_its_boundary_resumes_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    full = Model()
+    trainer(tmp_path / "full", accumulate_grad_batches=3).fit(full, Data())
+    for batch in (3, 5):  # 4 batches trained (1 of 3 accumulated), then 6 (a boundary)
+        checkpoint = tmp_path / f"at{batch}.ckpt"
+        stopped = Model()
+        trainer(tmp_path / "stop", SaveAt(checkpoint, batch), accumulate_grad_batches=3).fit(stopped, Data())
+        resumed = Model()
+        resume = trainer(tmp_path / "resume", accumulate_grad_batches=3)
+        if batch == 3:
+            with pytest.raises(PartialAccumulationError, match="1 of accumulate_grad_batches=3 batches"):
+                resume.fit(resumed, Data(), ckpt_path=checkpoint)
+            continue
+        resume.fit(resumed, Data(), ckpt_path=checkpoint)
+        assert stopped.trained[: batch + 1] + resumed.trained == full.trained
+        assert torch.equal(resumed.layer.weight, full.layer.weight), "the same optimizer steps, bit for bit"

@@ -27,6 +27,7 @@ from lightning_resumable.errors import (
     InconsistentRankStateError,
     MissingCallbackError,
     MissingStateError,
+    PartialAccumulationError,
     ResumeError,
     StateFormatError,
     WorldSizeChangedError,
@@ -236,6 +237,38 @@ class _SampledLoader:
     def next_epoch_differs_in_length(self, epoch: int) -> bool:
         draws, seed = self.sampler.draws, self.sampler.seed
         return draws.epoch_length(seed, epoch + 1) != draws.epoch_length(seed, epoch)
+
+
+_PARTIAL_ACCUMULATION = "partial_accumulation"
+"""The key, beside the data state, of a save inside a gradient accumulation window."""
+
+
+def _with_accumulation(trainer: pl.Trainer, batches: int, complete: bool, state: dict[str, Any]) -> dict[str, Any]:
+    """``state``, marked when the save falls inside a gradient accumulation window.
+
+    Lightning steps the optimizer after every ``accumulate_grad_batches``-th batch of an epoch and
+    after its last one; batches since the last step live only in the gradients, which no checkpoint
+    holds, so a resume from here cannot be exact.
+    """
+    window = int(trainer.accumulate_grad_batches)
+    accumulated = 0 if complete else batches % window
+    if accumulated:
+        state[_PARTIAL_ACCUMULATION] = {"accumulated": accumulated, "window": window, "batches": batches}
+    return state
+
+
+def _refuse_partial_accumulation(partial: object) -> None:
+    if partial is None:
+        return
+    if not isinstance(partial, Mapping) or set(partial) != {"accumulated", "window", "batches"}:
+        raise StateFormatError(f"malformed {_PARTIAL_ACCUMULATION!r} in the data state: {partial!r}")
+    raise PartialAccumulationError(
+        f"the checkpoint was saved after batch {partial['batches']} of its epoch, inside a gradient accumulation"
+        f" window: {partial['accumulated']} of accumulate_grad_batches={partial['window']} batches had been"
+        " accumulated without an optimizer step. Lightning does not save accumulated gradients, so the resumed"
+        " run would step without them and its losses would differ from an uninterrupted run's. Resume from a"
+        " checkpoint saved at an accumulation boundary (ModelCheckpoint(every_n_train_steps=...) saves there)"
+    )
 
 
 __all__ = ["ResumableDataCallback"]
@@ -468,16 +501,19 @@ class ResumableDataCallback(pl.Callback):
             return self._pending.to_dict() if self._pending is not None else {}
         batches = self._epoch_batch_index(trainer, batches_processed(trainer))
         if self._stream is not None:
-            return {"stream": self._save_stream(trainer, self._stream, batches).to_dict()}
+            stream = self._save_stream(trainer, self._stream, batches)
+            return _with_accumulation(trainer, batches, stream.finished, {"stream": stream.to_dict()})
         complete = batches >= trainer.num_training_batches
         if self._mode is None:
-            return self._loaders[None].save(batches, complete, None, self.verify, trainer.global_rank).to_dict()
+            state = self._loaders[None].save(batches, complete, None, self.verify, trainer.global_rank).to_dict()
+            return _with_accumulation(trainer, batches, complete, state)
         saved = {}
         for key in sorted(k for k in self._loaders if k is not None):  # the same order on every rank
             owned = self._loaders[key]
             cycle, loader_batches = loader_position(self._mode, batches, len(owned.loader))
             saved[key] = owned.save(loader_batches, complete, cycle, self.verify, trainer.global_rank)
-        return _SavedSet(self.shuffle_seed(trainer), self._mode, saved).to_dict()
+        state = _SavedSet(self.shuffle_seed(trainer), self._mode, saved).to_dict()
+        return _with_accumulation(trainer, batches, complete, state)
 
     def _save_stream(self, trainer: pl.Trainer, loader: StreamLoader, batches: int) -> StreamState:
         check_contract(loader, owned=(loader.dataset,))
@@ -503,6 +539,8 @@ class ResumableDataCallback(pl.Callback):
         """
         if not state_dict or (self._trainer is not None and self._trainer.state.fn != TrainerFn.FITTING):
             return
+        state_dict = dict(state_dict)
+        _refuse_partial_accumulation(state_dict.pop(_PARTIAL_ACCUMULATION, None))
         if self._loaders or self._stream is not None:
             raise ResumeError(
                 "the data state was restored after the train loader was built (the strategy restores"

@@ -91,11 +91,15 @@ def summarise(raw: Mapping[str, Any], checkpoint: Mapping[str, Any] | None = Non
     Raises:
         StateFormatError: the data state is malformed.
     """
-    from lightning_resumable.callback import _parse, _SavedSet
+    from lightning_resumable.callback import _PARTIAL_ACCUMULATION, _parse, _SavedSet
     from lightning_resumable.streams import StreamState
 
+    raw = dict(raw)
+    partial = raw.pop(_PARTIAL_ACCUMULATION, None)
     parsed = _parse(raw)
     summary: dict[str, Any] = {}
+    if partial is not None:
+        summary["partial_accumulation"] = partial
     if checkpoint is not None:
         summary["checkpoint"] = {key: checkpoint.get(key) for key in ("epoch", "global_step") if key in checkpoint}
     if isinstance(parsed, StreamState):
@@ -173,6 +177,12 @@ def render(path: Path, summary: Mapping[str, Any]) -> str:
         lines.append("  Lightning: " + ", ".join(f"{key} {value}" for key, value in where.items()))
     if "mode" in summary:
         lines.append(f"  several train loaders, CombinedLoader mode {summary['mode']}, run seed {summary['seed']}")
+    if "partial_accumulation" in summary:
+        partial = summary["partial_accumulation"]
+        lines.append(
+            f"  saved inside a gradient accumulation window ({partial['accumulated']} of {partial['window']} batches"
+            " accumulated): a resume is refused with PartialAccumulationError"
+        )
     rows = [row for name, loader in summary["loaders"].items() for row in _rows(name, loader)]
     width = max(len(label) for label, _ in rows)
     lines += [f"  {label:<{width}}  {value}" for label, value in rows]

@@ -13,6 +13,7 @@ __all__ = [
     "MissingCallbackError",
     "MissingStateError",
     "NotInSampleFetchError",
+    "PartialAccumulationError",
     "ResumeError",
     "ResumeVerificationError",
     "StateFormatError",
@@ -72,3 +73,11 @@ class ContractViolationError(ResumeError):
 
 class InconsistentRankStateError(ResumeError):
     """State that is persisted once for all ranks (a dataset's own state) differs between ranks at a save."""
+
+
+class PartialAccumulationError(ResumeError):
+    """The checkpoint was saved inside a gradient accumulation window.
+
+    Lightning does not save the gradients accumulated so far (nor does this library), so a resume
+    would step the optimizer without them: the data would be exact but the losses not.
+    """
