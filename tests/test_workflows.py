@@ -13,10 +13,11 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_resumable import PartialAccumulationError, ResumableDataCallback, ResumableDataModule
+from lightning_resumable import callback as callback_module
 
 
 class Model(L.LightningModule):
@@ -141,3 +142,39 @@ def test_a_save_inside_an_accumulation_window_is_refused_and_one_at_its_boundary
         resume.fit(resumed, Data(), ckpt_path=checkpoint)
         assert stopped.trained[: batch + 1] + resumed.trained == full.trained
         assert torch.equal(resumed.layer.weight, full.layer.weight), "the same optimizer steps, bit for bit"
+
+
+class FailAt(L.Callback):
+    """An exception inside training, as a SIGTERM becomes Lightning's SIGTERMException."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if (trainer.current_epoch, batch_idx) == (0, self.batch):
+            raise KeyboardInterrupt  # Lightning's graceful-shutdown path; any exception reaches on_exception
+
+
+def test_a_save_from_the_exception_path_gathers_nothing_and_resumes_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    full = Model()
+    trainer(tmp_path / "full").fit(full, Data())
+
+    def no_collective(value: object) -> list[object]:
+        raise AssertionError("a collective on the exception path: the ranks may be in different places")
+
+    stopped = Model()
+    on_exception = OnExceptionCheckpoint(dirpath=tmp_path, filename="interrupted")
+    with monkeypatch.context() as patched:
+        patched.setattr(callback_module, "all_gather_objects", no_collective)
+        with pytest.raises(SystemExit):
+            trainer(tmp_path / "stop", FailAt(batch=4), on_exception).fit(stopped, Data())
+    checkpoint = tmp_path / "interrupted.ckpt"
+    saved = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]
+    assert len(saved["next_batch"]) == 1, "rank 0 fingerprinted every rank's next batch itself"
+
+    resumed = Model()
+    trainer(tmp_path / "resume").fit(resumed, Data(), ckpt_path=checkpoint)
+    assert stopped.trained + resumed.trained == full.trained

@@ -6,6 +6,7 @@ fails if these attributes move. Everything else in the library uses public API o
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "combined_loader_mode",
     "rebuild_train_loader_at_next_epoch",
     "reinstantiate_loader",
+    "saving_off_the_training_path",
     "silence_not_resumable_warning",
 ]
 
@@ -38,6 +40,28 @@ def batches_processed(trainer: pl.Trainer) -> int:
     """
     progress = trainer.fit_loop.epoch_loop.batch_progress.current
     return int(progress.processed)  # type: ignore[attr-defined]  # a _ProcessedTracker at runtime
+
+
+def saving_off_the_training_path(trainer: pl.Trainer) -> bool:
+    """Whether a checkpoint is being written where the ranks may not be in step, so that a collective
+    could deadlock: from an exception (``OnExceptionCheckpoint``, Lightning's ``SIGTERMException``),
+    after a SIGTERM, or from inside a signal handler (the SLURM auto-requeue handler saves there).
+
+    Lightning composes its signal handlers in ``_HandlersCompose.__call__`` (signal_connector.py);
+    a frame of it on the stack means this save runs inside one.
+    """
+    from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
+    from lightning.pytorch.trainer.states import TrainerStatus
+
+    if trainer.state.status == TrainerStatus.INTERRUPTED or trainer.received_sigterm:
+        return True
+    handler_code = _HandlersCompose.__call__.__code__
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is handler_code:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 def silence_not_resumable_warning() -> None:

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from lightning_resumable._lightning import (
     batches_processed,
     rebuild_train_loader_at_next_epoch,
+    saving_off_the_training_path,
     silence_not_resumable_warning,
 )
 from lightning_resumable.audit import AuditLog
@@ -176,12 +177,15 @@ class _SampledLoader:
             )
         load(state)
 
-    def _dataset_state(self, rank: int) -> Mapping[str, Any] | None:
-        """The dataset's own state, checked to be the same on every rank (only rank 0 writes it); collective."""
+    def _dataset_state(self, rank: int, collective: bool) -> Mapping[str, Any] | None:
+        """The dataset's own state, checked to be the same on every rank (only rank 0 writes it) when
+        ``collective``; else this rank's."""
         state_dict = getattr(self.user_dataset(), "state_dict", None)
         if not callable(state_dict):
             return None
         state: Mapping[str, Any] = state_dict()
+        if not collective:
+            return state
         digests = all_gather_objects(digest_of(state))
         differing = [other for other, digest in enumerate(digests) if digest != digests[0]]
         if differing:
@@ -193,8 +197,15 @@ class _SampledLoader:
             )
         return state
 
-    def save(self, batches: int, epoch_complete: bool, cycle: int | None, verify: bool, rank: int) -> _Saved:
-        """The state after ``batches`` batches of this loader (of ``cycle``, when it restarts); collective."""
+    def save(
+        self, batches: int, epoch_complete: bool, cycle: int | None, verify: bool, rank: int, collective: bool
+    ) -> _Saved:
+        """The state after ``batches`` batches of this loader (of ``cycle``, when it restarts).
+
+        ``collective``: every rank saves in step, and each fingerprints its own next batch for the
+        gathering. Else (an exception or signal path) no rank waits for another: rank 0, whose
+        file is the checkpoint, fingerprints every rank's next batch itself (the position is global).
+        """
         check_contract(self.loader, owned=(self.sampler,))
         sampler = self.sampler
         if epoch_complete:
@@ -207,10 +218,13 @@ class _SampledLoader:
             sampler.set_consumed_batches(batches)
             state = sampler.data_state()
         fingerprints = None
-        if verify:
+        if verify and collective:
             mine = fingerprint_next_batch(self.loader, state, sampler.rank, sampler.num_replicas)
             fingerprints = [BatchFingerprint.from_list(entry) for entry in all_gather_objects(mine.to_list())]
-        return _Saved(state, fingerprints, self._dataset_state(rank))
+        elif verify and rank == 0:
+            world_size = sampler.num_replicas
+            fingerprints = [fingerprint_next_batch(self.loader, state, each, world_size) for each in range(world_size)]
+        return _Saved(state, fingerprints, self._dataset_state(rank, collective))
 
     def check_start(self, trainer: pl.Trainer, expected: tuple[int, int]) -> None:
         """Refuse a trainer that resumes another place than the data; then verify the next batches."""
@@ -239,6 +253,13 @@ class _SampledLoader:
         return draws.epoch_length(seed, epoch + 1) != draws.epoch_length(seed, epoch)
 
 
+_UNRESUMABLE = "unresumable"
+"""The key of a data state that could not be written, with the reason."""
+_STREAM_OFF_PATH = (
+    "it was written from an exception or signal path (OnExceptionCheckpoint, SIGTERM, SLURM requeue), where the"
+    " ranks cannot exchange their stream positions without risking a deadlock, and a stream's position is per"
+    " rank. Resume from a checkpoint written during training (ModelCheckpoint)"
+)
 _PARTIAL_ACCUMULATION = "partial_accumulation"
 """The key, beside the data state, of a save inside a gradient accumulation window."""
 
@@ -500,18 +521,22 @@ class ResumableDataCallback(pl.Callback):
             # Nothing trained yet in this process: keep a restored state that was not applied.
             return self._pending.to_dict() if self._pending is not None else {}
         batches = self._epoch_batch_index(trainer, batches_processed(trainer))
+        collective = not saving_off_the_training_path(trainer)
         if self._stream is not None:
+            if not collective:
+                return {_UNRESUMABLE: _STREAM_OFF_PATH}
             stream = self._save_stream(trainer, self._stream, batches)
             return _with_accumulation(trainer, batches, stream.finished, {"stream": stream.to_dict()})
         complete = batches >= trainer.num_training_batches
+        rank = trainer.global_rank
         if self._mode is None:
-            state = self._loaders[None].save(batches, complete, None, self.verify, trainer.global_rank).to_dict()
+            state = self._loaders[None].save(batches, complete, None, self.verify, rank, collective).to_dict()
             return _with_accumulation(trainer, batches, complete, state)
         saved = {}
         for key in sorted(k for k in self._loaders if k is not None):  # the same order on every rank
             owned = self._loaders[key]
             cycle, loader_batches = loader_position(self._mode, batches, len(owned.loader))
-            saved[key] = owned.save(loader_batches, complete, cycle, self.verify, trainer.global_rank)
+            saved[key] = owned.save(loader_batches, complete, cycle, self.verify, rank, collective)
         state = _SavedSet(self.shuffle_seed(trainer), self._mode, saved).to_dict()
         return _with_accumulation(trainer, batches, complete, state)
 
@@ -540,6 +565,8 @@ class ResumableDataCallback(pl.Callback):
         if not state_dict or (self._trainer is not None and self._trainer.state.fn != TrainerFn.FITTING):
             return
         state_dict = dict(state_dict)
+        if _UNRESUMABLE in state_dict:
+            raise MissingStateError(f"the checkpoint holds no resumable data state: {state_dict[_UNRESUMABLE]}")
         _refuse_partial_accumulation(state_dict.pop(_PARTIAL_ACCUMULATION, None))
         if self._loaders or self._stream is not None:
             raise ResumeError(

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from lightning_resumable.errors import ResumeError
+from lightning_resumable.errors import MissingStateError, ResumeError
 
 __all__ = ["main", "summarise"]
 
@@ -91,9 +91,11 @@ def summarise(raw: Mapping[str, Any], checkpoint: Mapping[str, Any] | None = Non
     Raises:
         StateFormatError: the data state is malformed.
     """
-    from lightning_resumable.callback import _PARTIAL_ACCUMULATION, _parse, _SavedSet
+    from lightning_resumable.callback import _PARTIAL_ACCUMULATION, _UNRESUMABLE, _parse, _SavedSet
     from lightning_resumable.streams import StreamState
 
+    if _UNRESUMABLE in raw:
+        raise MissingStateError(f"the checkpoint holds no resumable data state: {raw[_UNRESUMABLE]}")
     raw = dict(raw)
     partial = raw.pop(_PARTIAL_ACCUMULATION, None)
     parsed = _parse(raw)
