@@ -71,6 +71,9 @@ class Scenario:
     mode: str = "max_size_cycle"
     resume_num_workers: int | None = None
     stop_batch_override: int | None = None
+    accumulate: int = 1
+    evaluate_before_resume: bool = False
+    resume_drop_last: bool | None = None
 
     @property
     def batches_per_epoch(self) -> int:
@@ -108,6 +111,19 @@ class Scenario:
             stop_batch_override=None,
             relist_on_resume=False,
             persistent_workers=persistent,
+            evaluate_before_resume=False,
+            resume_drop_last=None,
+        )
+
+    def stop_key(self) -> Scenario:
+        """The scenario with what only the resume changes normalised: its stopped run is shared."""
+        return replace(
+            self,
+            resume_world_size=None,
+            resume_num_workers=None,
+            relist_on_resume=False,
+            evaluate_before_resume=False,
+            resume_drop_last=None,
         )
 
     def label(self) -> str:
@@ -136,6 +152,12 @@ class Scenario:
             parts.append(f"resume-workers{self.resume_num_workers}")
         if self.stop_batch_override is not None:
             parts.append(f"stop{self.stop_batch_override}")
+        if self.accumulate != 1:
+            parts.append(f"accumulate{self.accumulate}")
+        if self.evaluate_before_resume:
+            parts.append("evaluated-first")
+        if self.resume_drop_last is not None:
+            parts.append(f"resume-droplast{self.resume_drop_last}")
         if not self.resumable:
             parts.append("CONTROL")
         return "-".join(parts)
@@ -253,15 +275,14 @@ class Runner:
         return self._full[key]
 
     def stopped(self, scenario: Scenario) -> Records:
-        key = replace(scenario, resume_world_size=None, resume_num_workers=None, relist_on_resume=False)
+        key = scenario.stop_key()
         if key not in self._stopped:
             run_dir = self.root / key.label()
             self._stopped[key] = run_phase(key, "stop", run_dir, self.checkpoint(key))
         return self._stopped[key]
 
     def checkpoint(self, scenario: Scenario) -> Path:
-        stopped = replace(scenario, resume_world_size=None, resume_num_workers=None, relist_on_resume=False)
-        return self.root / stopped.label() / "stop.ckpt"
+        return self.root / scenario.stop_key().label() / "stop.ckpt"
 
     def resumed(self, scenario: Scenario, attempt: int = 1, expect_failure: bool = False) -> Records:
         """Resume the scenario's stopped run; each ``attempt`` is a run of its own, run once."""

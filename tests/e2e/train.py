@@ -229,6 +229,12 @@ class Model(L.LightningModule):
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self.log("val_loss", self.net(batch[1]).pow(2).mean(), sync_dist=True)
 
+    def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self.log("test_loss", self.net(batch[1]).pow(2).mean(), sync_dist=True)
+
+    def predict_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return self.net(batch[1])
+
     def configure_optimizers(self) -> Any:
         optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
         if not self.config.get("estimated_stepping_batches"):
@@ -328,10 +334,14 @@ class PlainData(L.LightningDataModule):
                 "b": make_loader(self.config, OffsetDataset(14, offset=1000), shuffle=True, drop_last=False),
             }
             return CombinedLoader(loaders, self.config["mode"]) if data == "combined" else loaders
-        relisted = self.config.get("relist_on_resume", False) and self.config["phase"].startswith("resume")
+        resuming = self.config["phase"].startswith("resume")
+        relisted = self.config.get("relist_on_resume", False) and resuming
         dataset_type = CurriculumDataset if self.config.get("curriculum") else IdDataset
         self.train_set = dataset_type(self.config["dataset_size"], relisted=relisted)
-        return make_loader(self.config, self.train_set, self.config["shuffle"], self.config["drop_last"])
+        drop_last = self.config["drop_last"]
+        if resuming and self.config.get("resume_drop_last") is not None:
+            drop_last = self.config["resume_drop_last"]
+        return make_loader(self.config, self.train_set, self.config["shuffle"], drop_last)
 
     def stream_loader(self, data: str) -> DataLoader[Any]:
         rank, world_size = self.trainer.global_rank, self.trainer.world_size  # type: ignore[union-attr]
@@ -350,6 +360,9 @@ class PlainData(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader[Any]:
         return DataLoader(IdDataset(8), batch_size=4)
+
+    test_dataloader = val_dataloader
+    predict_dataloader = val_dataloader
 
 
 class ResumableData(ResumableDataModule, PlainData):
@@ -423,6 +436,7 @@ def main(config_path: str) -> None:
         deterministic=True,
         callbacks=callbacks,
         val_check_interval=config.get("val_check_interval", 1.0),
+        accumulate_grad_batches=config.get("accumulate", 1),
         limit_val_batches=1,
         num_sanity_val_steps=0,
         logger=False,
@@ -435,8 +449,14 @@ def main(config_path: str) -> None:
     # Plain loaders fork their workers as they are: on CPython 3.11 such a fork once deadlocked a control
     # run (the after-fork hang the library's loaders avoid). A control shows what a plain resume feeds, so
     # it trains with the library's own guard, garbage collection paused, around the whole run.
+    model = Model(config)
+    if config["phase"].startswith("resume") and config.get("evaluate_before_resume"):
+        # As a user checks a checkpoint before resuming it, on the same trainer: none reads the train stream.
+        trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
+        trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
+        trainer.predict(model, datamodule=datamodule, ckpt_path=ckpt_path)
     with nullcontext() if config["resumable"] else garbage_collector_paused():
-        trainer.fit(Model(config), datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     if torch.distributed.is_initialized():
         # A clean shutdown: left to the interpreter's exit, gloo's threads once aborted a finished run.
         torch.distributed.destroy_process_group()
