@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lightning as L
+import pytest
 
 from lightning_resumable._lightning import batches_processed
 
@@ -72,3 +75,55 @@ def test_lightning_does_not_take_the_stream_loader_for_a_stateful_one() -> None:
 
     assert isinstance(StatefulDataLoader([1, 2]), _Stateful)  # the protocol still detects a plain one
     assert not isinstance(StreamLoader([1, 2]), _Stateful)
+
+
+def test_lightnings_signal_handling_is_where_the_preemption_helpers_reach(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """SIGTERM marks ``received_sigterm`` (read by the epoch loop); a user's handler sits in a
+    ``_HandlersCompose`` with Lightning's; the SLURM requeue handler saves an HPC checkpoint."""
+    import signal
+
+    from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
+
+    from lightning_resumable._lightning import handle_preemption_signal, preemption_signals
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    assert preemption_signals(trainer) == (signal.SIGTERM,)
+    calls: list[object] = []
+    users = lambda signum, frame: calls.append(signum)  # noqa: E731
+    composed = _HandlersCompose([trainer._signal_connector._sigterm_notifier_fn, users])
+    handle_preemption_signal(trainer, signal.SIGTERM, received_here=False, previous=composed)
+    assert trainer.received_sigterm and calls == []
+    handle_preemption_signal(trainer, signal.SIGTERM, received_here=True, previous=composed)
+    assert calls == [signal.SIGTERM]  # the user's handler, not Lightning's broadcasting notifier
+
+    for name, value in {
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NAME": "train",
+        "SLURM_JOB_ID": "7",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+    slurm = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
+    assert preemption_signals(slurm) == (signal.SIGTERM, signal.SIGUSR1)
+    saved: list[str] = []
+    monkeypatch.setattr(slurm, "save_checkpoint", lambda path, *args, **kwargs: saved.append(str(path)))
+    connector_module = "lightning.pytorch.trainer.connectors.signal_connector"
+    monkeypatch.setattr(f"{connector_module}.call", lambda cmd: calls.append(cmd) or 0)
+    handle_preemption_signal(slurm, signal.SIGUSR1, received_here=True, previous=None)
+    assert saved == [str(tmp_path / "hpc_ckpt_1.ckpt")] and calls[-1] == ["scontrol", "requeue", "7"]
+
+
+def test_a_save_inside_a_lightning_signal_handler_is_off_the_training_path() -> None:
+    from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
+
+    from lightning_resumable._lightning import saving_off_the_training_path
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    assert not saving_off_the_training_path(trainer)
+    seen: list[bool] = []
+    _HandlersCompose(lambda signum, frame: seen.append(saving_off_the_training_path(trainer)))(15, None)  # type: ignore[arg-type]
+    assert seen == [True]

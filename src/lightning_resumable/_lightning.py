@@ -6,11 +6,15 @@ fails if these attributes move. Everything else in the library uses public API o
 
 from __future__ import annotations
 
+import logging
+import signal
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.warnings import PossibleUserWarning
@@ -21,11 +25,15 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 __all__ = [
     "batches_processed",
     "combined_loader_mode",
+    "handle_preemption_signal",
+    "preemption_signals",
     "rebuild_train_loader_at_next_epoch",
     "reinstantiate_loader",
     "saving_off_the_training_path",
     "silence_not_resumable_warning",
 ]
+
+log = logging.getLogger(__name__)
 
 _NOT_RESUMABLE_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
 
@@ -115,3 +123,40 @@ def reinstantiate_loader(loader: DataLoader[Any], dataset: Dataset[Any], sampler
 def combined_loader_mode(loader: CombinedLoader) -> str:
     """The mode a user's ``CombinedLoader`` was built with (Lightning keeps it private)."""
     return str(loader._mode)
+
+
+def preemption_signals(trainer: pl.Trainer) -> tuple[int, ...]:
+    """The signals Lightning handles during a fit: SIGTERM, and SLURM's requeue signal when the cluster
+    environment is a ``SLURMEnvironment`` with ``auto_requeue`` (``_SignalConnector.register_signal_handlers``)."""
+    signums = [signal.SIGTERM]
+    environment = trainer._accelerator_connector.cluster_environment
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue and environment.requeue_signal:
+        signums.append(environment.requeue_signal)
+    return tuple(int(signum) for signum in signums)
+
+
+def handle_preemption_signal(trainer: pl.Trainer, signum: int, received_here: bool, previous: object) -> None:
+    """Do what Lightning's handler for ``signum`` does, where every rank is in step (all ranks call this
+    at the same point), without its collectives inside a handler.
+
+    - SIGTERM: mark it received (``_SignalConnector.received_sigterm``); the training epoch loop then
+      raises ``SIGTERMException`` at the end of this batch on every rank, and ``on_exception`` runs
+      (``OnExceptionCheckpoint`` saves there). Lightning's notifier would also broadcast and forward the
+      signal to the ranks it launched: every rank already knows. A handler of the user's that Lightning
+      composed with its own (``_HandlersCompose``) runs on the ranks that received the signal.
+    - SLURM's requeue signal: Lightning's ``_slurm_sigusr_handler_fn`` on every rank: an HPC checkpoint
+      (``hpc_ckpt_<n>.ckpt``, collective, so in step) and, on rank 0, ``scontrol requeue``.
+    """
+    from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
+
+    connector = trainer._signal_connector
+    if signum != signal.SIGTERM:
+        connector._slurm_sigusr_handler_fn(signum, None)  # type: ignore[arg-type]
+        return
+    log.info(f"[rank: {trainer.global_rank}] SIGTERM received by a rank: ending the fit at this batch")
+    connector.received_sigterm = True
+    if received_here and isinstance(previous, _HandlersCompose):
+        for handler in previous.signal_handlers:
+            if callable(handler) and getattr(handler, "__self__", None) is not connector:
+                user_handler: Callable[..., Any] = handler
+                user_handler(signum, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -16,6 +17,8 @@ from torch.utils.data import DataLoader
 
 from lightning_resumable._lightning import (
     batches_processed,
+    handle_preemption_signal,
+    preemption_signals,
     rebuild_train_loader_at_next_epoch,
     saving_off_the_training_path,
     silence_not_resumable_warning,
@@ -35,6 +38,7 @@ from lightning_resumable.errors import (
 )
 from lightning_resumable.randomness import seed_training_step
 from lightning_resumable.sampler import ResumableSampler
+from lightning_resumable.signals import DeferredSignals
 from lightning_resumable.state import DataState
 from lightning_resumable.streams import (
     GLOBAL_POSITION_ATTRIBUTE,
@@ -390,6 +394,8 @@ class ResumableDataCallback(pl.Callback):
         # then counts the epoch's batches itself: (epoch, offset) added to Lightning's count.
         self._first_batch: tuple[int, int] | None = None
         self._batch_index_offset: tuple[int, int] | None = None
+        # Preemption signals, held from the train start to its end and acted on where ranks are in step.
+        self._signals: DeferredSignals | None = None
 
     @property
     def state_key(self) -> str:
@@ -626,12 +632,40 @@ class ResumableDataCallback(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.audit_dir is None:
+        if self.audit_dir is not None:
+            if self._audit is None:
+                self._audit = AuditLog(self.audit_dir, trainer.global_rank)
+            epoch_batch_idx = self._epoch_batch_index(trainer, batch_idx)
+            self._audit.write(trainer.current_epoch, epoch_batch_idx, self._trained_ids(batch, epoch_batch_idx))
+        if self._signals is not None:  # every rank is here, at the same batch: act on a preemption signal
+            received_here = self._signals.received
+            for signum in sorted(self._signals.agree(trainer.strategy.root_device)):
+                handle_preemption_signal(trainer, signum, signum in received_here, self._signals.previous(signum))
+
+    # ----------------------------------------------------------------------------- preemption
+    def _hold_signals(self, trainer: pl.Trainer) -> None:
+        """Under DDP, record Lightning's preemption signals while the train loop runs (see `signals`)."""
+        if trainer.world_size > 1 and self._signals is None:
+            signals = DeferredSignals(preemption_signals(trainer))
+            if signals.install():
+                self._signals = signals
+
+    def _release_signals(self, trainer: pl.Trainer) -> None:
+        """Give the signals back to Lightning; one received after the last batch only marks a SIGTERM
+        (the fit is ending: no rank waits for the others any more)."""
+        if self._signals is None:
             return
-        if self._audit is None:
-            self._audit = AuditLog(self.audit_dir, trainer.global_rank)
-        batch_idx = self._epoch_batch_index(trainer, batch_idx)
-        self._audit.write(trainer.current_epoch, batch_idx, self._trained_ids(batch, batch_idx))
+        signals, self._signals = self._signals, None
+        for signum in signals.uninstall():
+            rank_zero_info(f"signal {signum} arrived after the last training batch; the fit ends as it would")
+            if signum == signal.SIGTERM:
+                handle_preemption_signal(trainer, signum, True, signals.previous(signum))
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._release_signals(trainer)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._release_signals(trainer)
 
     def _trained_ids(self, batch: Any, batch_idx: int) -> Any:
         """What the audit log records of a step: dataset indices; ``{key: indices}`` for several loaders;
@@ -649,6 +683,7 @@ class ResumableDataCallback(pl.Callback):
         return ids
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._release_signals(trainer)
         if self._audit is not None:
             self._audit.close()
             self._audit = None
@@ -676,3 +711,4 @@ class ResumableDataCallback(pl.Callback):
             _, _, origin_batches = owned.sampler.origin
             first = max(first, owned.sampler.cycle * len(owned.loader) + origin_batches)
         self._first_batch = (trainer.current_epoch, first)
+        self._hold_signals(trainer)

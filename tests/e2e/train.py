@@ -30,7 +30,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import (
     DataLoader,
@@ -180,8 +180,10 @@ class StepRecorder(L.Callback):
         self.recorder: Recorder | None = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
-        out = Path(self.config["out_dir"]) / f"{self.config['phase']}.rank{trainer.global_rank}.jsonl"
-        self.recorder = Recorder(out)
+        out_dir = Path(self.config["out_dir"])
+        self.recorder = Recorder(out_dir / f"{self.config['phase']}.rank{trainer.global_rank}.jsonl")
+        # A test aims a signal at one rank: each rank says which process it is.
+        (out_dir / f"{self.config['phase']}.rank{trainer.global_rank}.pid").write_text(str(os.getpid()))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         assert self.recorder is not None
@@ -415,6 +417,8 @@ def main(config_path: str) -> None:
         callbacks.append(SetStreamEpoch())
     if config["phase"] == "stop":
         callbacks.append(StopAt(config))
+    if config.get("on_exception_checkpoint"):  # a preemption's SIGTERM becomes an exception; save there
+        callbacks.append(OnExceptionCheckpoint(dirpath=config["out_dir"], filename="on_exception"))
     checkpoint_every = config.get("checkpoint_every")
     if checkpoint_every:  # as a long job checkpoints: every k steps, and last.ckpt
         callbacks.append(
@@ -440,7 +444,7 @@ def main(config_path: str) -> None:
         limit_val_batches=1,
         num_sanity_val_steps=0,
         logger=False,
-        enable_checkpointing=bool(checkpoint_every),
+        enable_checkpointing=bool(checkpoint_every or config.get("on_exception_checkpoint")),
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=config["out_dir"],

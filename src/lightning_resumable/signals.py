@@ -1,0 +1,88 @@
+"""Signals handled where every rank is in step, not inside the handler.
+
+Lightning 2.6 handles SIGTERM and SLURM's requeue signal inside the signal handler: its SIGTERM
+handler broadcasts to the other ranks, its requeue handler saves a checkpoint (a barrier). A handler
+runs wherever the main thread happens to be, so ranks enter those collectives at different points
+(one in the backward's allreduce, another in a broadcast) and wait forever: 7 of 7 runs hung with
+SIGTERM sent to every rank. And a rank that receives SIGTERM twice (from the scheduler and from rank
+0, which forwards it) nests two broadcasts.
+
+`DeferredSignals` replaces those handlers while the train loop runs: a handler only records the
+signal. At the end of each training batch, where every rank is in step, the ranks agree in one small
+all-reduce on what any of them received, and all act on it at the same step. A worker process forked
+meanwhile inherits the recording handler: there it lets the first signal pass and puts the default
+back, so a SIGTERM to the whole process group leaves the loader workers to their rank (which retires
+them), while a second one (torch's ``terminate`` of a stuck worker) still ends the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["DeferredSignals"]
+
+Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+
+class DeferredSignals:
+    """Record ``signums`` instead of handling them; `agree` on them across ranks at a point in step."""
+
+    def __init__(self, signums: Iterable[int]) -> None:
+        self.signums = tuple(sorted(set(signums)))
+        self._received: set[int] = set()
+        self._previous: dict[int, Handler] = {}
+        self._pid = os.getpid()
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:  # a forked loader worker: its rank decides, not the worker
+            signal.signal(signum, signal.SIG_DFL)
+            return
+        self._received.add(signum)
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._previous)
+
+    @property
+    def received(self) -> frozenset[int]:
+        """The signals this process received since the last agreement."""
+        return frozenset(self._received)
+
+    def previous(self, signum: int) -> Handler:
+        """The handler that ``signum`` had before `install` (Lightning's, during a fit)."""
+        return self._previous.get(signum)
+
+    def install(self) -> bool:
+        """Take over the signals (main thread only: Python sets handlers there); ``False`` elsewhere."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        self._pid = os.getpid()
+        for signum in self.signums:
+            self._previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._record)
+        return True
+
+    def uninstall(self) -> set[int]:
+        """Put the previous handlers back; the signals received and not yet agreed on."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+        unhandled, self._received = self._received, set()
+        return unhandled
+
+    def agree(self, device: torch.device) -> set[int]:
+        """The signals any rank received since the last agreement; collective (every rank calls it at
+        the same point), a single all-reduce of one flag per signal."""
+        flags = torch.tensor([signum in self._received for signum in self.signums], dtype=torch.int32, device=device)
+        self._received.clear()
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return {signum for signum, flag in zip(self.signums, flags.tolist(), strict=True) if flag}

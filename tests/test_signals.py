@@ -1,0 +1,56 @@
+"""`DeferredSignals`: a signal is recorded, not handled, until the ranks agree on it; the previous
+handlers come back; a forked loader worker lets the first signal pass and dies of the second."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+
+from lightning_resumable.signals import DeferredSignals
+
+
+def test_a_signal_is_recorded_then_agreed_on_once_and_the_previous_handler_comes_back() -> None:
+    handled: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: handled.append(signum))
+    try:
+        signals = DeferredSignals([signal.SIGUSR1, signal.SIGTERM])
+        assert signals.install() and signals.installed
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert handled == [] and signals.received == {signal.SIGUSR1}
+        assert signals.agree(torch.device("cpu")) == {signal.SIGUSR1}  # one process: no collective
+        assert signals.agree(torch.device("cpu")) == set()  # agreed once, not again
+        os.kill(os.getpid(), signal.SIGTERM)  # recorded: this test process lives on
+        assert signals.uninstall() == {signal.SIGTERM}  # received, never agreed on
+        assert not signals.installed
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert handled == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_forked_worker_survives_the_first_signal_and_dies_of_the_second() -> None:
+    signals = DeferredSignals([signal.SIGTERM])
+    assert signals.install()
+    try:
+        ready, handled = os.pipe(), os.pipe()
+        child = os.fork()
+        if child == 0:  # the worker: ready; once the first SIGTERM is handled, says so; then waits
+            os.write(ready[1], b"r")
+            while signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                signal.sigtimedwait([], 0.01)  # lets the handler run; returns after 10 ms
+            os.write(handled[1], b"h")
+            signal.pause()
+            os._exit(3)
+        os.close(ready[1])
+        os.close(handled[1])  # a dead child closes the pipe: the reads below return b"" and fail
+        assert os.read(ready[0], 1) == b"r"
+        os.kill(child, signal.SIGTERM)
+        assert os.read(handled[0], 1) == b"h"  # alive after the first
+        os.kill(child, signal.SIGTERM)
+        _, status = os.waitpid(child, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        assert signals.received == frozenset()  # a worker's signal is not the rank's
+    finally:
+        signals.uninstall()
