@@ -127,3 +127,21 @@ def test_a_save_inside_a_lightning_signal_handler_is_off_the_training_path() -> 
     seen: list[bool] = []
     _HandlersCompose(lambda signum, frame: seen.append(saving_off_the_training_path(trainer)))(15, None)  # type: ignore[arg-type]
     assert seen == [True]
+
+
+def test_fabric_still_sets_the_epoch_of_each_pass_from_the_count_restore_loader_sets() -> None:
+    from torch.utils.data import DataLoader
+
+    from lightning_resumable._lightning import set_fabric_pass_count
+
+    epochs: list[int] = []
+
+    class Sampler(list[int]):
+        def set_epoch(self, epoch: int) -> None:
+            epochs.append(epoch)
+
+    loader = L.Fabric(accelerator="cpu", devices=1).setup_dataloaders(DataLoader([0, 1], sampler=Sampler([0, 1])))
+    assert set_fabric_pass_count(loader, 4) and not set_fabric_pass_count(DataLoader([0]), 4)
+    list(loader)
+    list(loader)
+    assert epochs == [4, 5]

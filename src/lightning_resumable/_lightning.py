@@ -30,6 +30,7 @@ __all__ = [
     "rebuild_train_loader_at_next_epoch",
     "reinstantiate_loader",
     "saving_off_the_training_path",
+    "set_fabric_pass_count",
     "silence_not_resumable_warning",
 ]
 
@@ -160,3 +161,19 @@ def handle_preemption_signal(trainer: pl.Trainer, signum: int, received_here: bo
             if callable(handler) and getattr(handler, "__self__", None) is not connector:
                 user_handler: Callable[..., Any] = handler
                 user_handler(signum, None)
+
+
+def set_fabric_pass_count(loader: object, passes: int) -> bool:
+    """Make a loader set up by Fabric (``_FabricDataLoader``) count ``passes`` passes so far; ``False``
+    for any other loader.
+
+    On every ``iter()`` Fabric calls ``sampler.set_epoch(_num_iter_calls)`` and increments it: the
+    epoch it sets is the number of passes this process has made (wrappers.py, ``__iter__``). A resumed
+    process starts that count at 0; set to the restored epoch, Fabric's epochs are the run's again.
+    """
+    from lightning.fabric.wrappers import _FabricDataLoader
+
+    if not isinstance(loader, _FabricDataLoader):
+        return False
+    loader._num_iter_calls = passes
+    return True

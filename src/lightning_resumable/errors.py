@@ -14,6 +14,7 @@ __all__ = [
     "MissingStateError",
     "NotInSampleFetchError",
     "PartialAccumulationError",
+    "PendingRestoreError",
     "ResumeError",
     "ResumeVerificationError",
     "StateFormatError",
@@ -80,4 +81,13 @@ class PartialAccumulationError(ResumeError):
 
     Lightning does not save the gradients accumulated so far (nor does this library), so a resume
     would step the optimizer without them: the data would be exact but the losses not.
+    """
+
+
+class PendingRestoreError(ResumeError):
+    """``set_epoch`` selected another epoch after a restore and before the restored pass began.
+
+    It would drop the restored position and start that epoch from its beginning. Fabric's
+    ``setup_dataloaders`` does this on every pass (``set_epoch`` with its count of passes, 0 in a new
+    process): restore a Fabric loader with `lightning_resumable.fabric.restore_loader`.
     """

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from lightning_resumable.draws import Draws, Permutation
+from lightning_resumable.errors import PendingRestoreError
 from lightning_resumable.order import _MASK64, MAX_SIZE, _splitmix64
 from lightning_resumable.randomness import SampleKey, sample_seeds
 from lightning_resumable.state import DataState
@@ -142,9 +143,25 @@ class ResumableSampler(DistributedSampler[Any]):
 
     # ----------------------------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch. A new epoch starts at position 0; the current one keeps its position."""
+        """Select the epoch. A new epoch starts at position 0; the current one keeps its position.
+
+        Between a restore and the pass it applies to, only the restored epoch is accepted (or the next
+        one, when the restored state is a complete epoch): another would silently drop the restore.
+
+        Raises:
+            PendingRestoreError: ``epoch`` would drop a restored position not yet iterated.
+        """
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
+        if self._origin_is_restored and epoch != self.epoch:
+            complete = self._origin_position >= self.stream_length
+            if not (complete and epoch == self.epoch + 1):
+                raise PendingRestoreError(
+                    f"set_epoch({epoch}) after a restore of epoch {self.epoch} at position {self._origin_position}"
+                    f" would start epoch {epoch} from its beginning and drop the restored position. Under Fabric,"
+                    " setup_dataloaders calls set_epoch(number of passes) on every pass: restore the loader with"
+                    " lightning_resumable.fabric.restore_loader(loader, state)"
+                )
         if epoch != self.epoch:
             self.epoch = epoch
             self.cycle, self._pass_complete = 0, False
