@@ -73,6 +73,7 @@ class Scenario:
     stop_batch_override: int | None = None
     accumulate: int = 1
     evaluate_before_resume: bool = False
+    evaluate_after_fit: bool = False
     resume_drop_last: bool | None = None
 
     @property
@@ -112,6 +113,7 @@ class Scenario:
             relist_on_resume=False,
             persistent_workers=persistent,
             evaluate_before_resume=False,
+            evaluate_after_fit=False,
             resume_drop_last=None,
         )
 
@@ -123,6 +125,7 @@ class Scenario:
             resume_num_workers=None,
             relist_on_resume=False,
             evaluate_before_resume=False,
+            evaluate_after_fit=False,
             resume_drop_last=None,
         )
 
@@ -156,6 +159,8 @@ class Scenario:
             parts.append(f"accumulate{self.accumulate}")
         if self.evaluate_before_resume:
             parts.append("evaluated-first")
+        if self.evaluate_after_fit:
+            parts.append("evaluated-after")
         if self.resume_drop_last is not None:
             parts.append(f"resume-droplast{self.resume_drop_last}")
         if not self.resumable:

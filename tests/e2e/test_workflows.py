@@ -5,6 +5,8 @@ names the cause."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from .harness import Runner, Scenario
@@ -52,3 +54,20 @@ def test_a_resume_with_another_loader_drop_last_is_refused(runner: Runner, saved
     log = resume_log(runner, scenario)
     assert "IncompatibleStateError" in log
     assert f"drop_last_batch: checkpoint {saved}, now {not saved}" in log
+
+
+def test_fit_then_validate_test_and_predict_from_best_and_a_path_on_the_same_and_a_new_trainer(
+    runner: Runner,
+) -> None:
+    """The tutorials' ending, after a resumed fit: before the fix, ``test(ckpt_path="best")`` on the trainer
+    that fitted raised ResumeError ("the data state was restored after the train loader was built")."""
+    scenario = Scenario(world_size=2, num_workers=2, evaluate_after_fit=True)
+    outcome = runner.run(scenario)
+    assert outcome.stream_mismatches() == []
+    for rank in range(scenario.world_size):
+        results = json.loads((runner.root / scenario.label() / f"evaluated.rank{rank}.json").read_text())
+        for trainer in ("", "new "):
+            which = "best" if trainer == "" else "path"
+            assert set(results[f"{trainer}validate {which}"][0]) == {"val_loss"}, results
+            assert set(results[f"{trainer}test {which}"][0]) == {"test_loss"}, results
+            assert results[f"{trainer}predict path"] > 0, results

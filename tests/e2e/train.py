@@ -400,6 +400,25 @@ class StopAt(L.Callback):
             stop_now(trainer, self.checkpoint)
 
 
+def evaluate_after_fit(
+    config: dict[str, Any], trainer: L.Trainer, model: Model, datamodule: Any, trainer_options: dict[str, Any]
+) -> None:
+    """As nearly every tutorial ends: validate, test and predict from "best" and from a path, on the trainer
+    that fitted and on a new one. Each rank writes what each one returned."""
+    results: dict[str, Any] = {}
+    path = config["checkpoint"]
+    results["validate best"] = trainer.validate(model, datamodule=datamodule, ckpt_path="best", verbose=False)
+    results["test best"] = trainer.test(model, datamodule=datamodule, ckpt_path="best", verbose=False)
+    results["predict path"] = len(trainer.predict(model, datamodule=datamodule, ckpt_path=path) or [])
+    options = {**trainer_options, "callbacks": [ResumableDataCallback()], "enable_checkpointing": False}
+    fresh = L.Trainer(**options)
+    results["new validate path"] = fresh.validate(model, datamodule=datamodule, ckpt_path=path, verbose=False)
+    results["new test path"] = fresh.test(model, datamodule=datamodule, ckpt_path=path, verbose=False)
+    results["new predict path"] = len(fresh.predict(model, datamodule=datamodule, ckpt_path=path) or [])
+    out = Path(config["out_dir"]) / f"evaluated.rank{trainer.global_rank}.json"
+    out.write_text(json.dumps(results))
+
+
 def main(config_path: str) -> None:
     config = json.loads(Path(config_path).read_text())
     if config.get("seed") is not None:
@@ -430,8 +449,10 @@ def main(config_path: str) -> None:
                 save_top_k=-1,
             )
         )
+    if config.get("evaluate_after_fit"):  # "best" is the best of this fit's checkpoints
+        callbacks.append(ModelCheckpoint(dirpath=Path(config["out_dir"]) / "best", filename="best-{step}"))
     world_size, num_nodes = config["world_size"], config.get("num_nodes", 1)
-    trainer = L.Trainer(
+    trainer_options: dict[str, Any] = dict(
         accelerator="cpu",
         devices=world_size // num_nodes,
         num_nodes=num_nodes,
@@ -444,11 +465,14 @@ def main(config_path: str) -> None:
         limit_val_batches=1,
         num_sanity_val_steps=0,
         logger=False,
-        enable_checkpointing=bool(checkpoint_every or config.get("on_exception_checkpoint")),
+        enable_checkpointing=bool(
+            checkpoint_every or config.get("on_exception_checkpoint") or config.get("evaluate_after_fit")
+        ),
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=config["out_dir"],
     )
+    trainer = L.Trainer(**trainer_options)
     ckpt_path = config["checkpoint"] if config["phase"].startswith("resume") else config.get("resume_from")
     # Plain loaders fork their workers as they are: on CPython 3.11 such a fork once deadlocked a control
     # run (the after-fork hang the library's loaders avoid). A control shows what a plain resume feeds, so
@@ -461,6 +485,8 @@ def main(config_path: str) -> None:
         trainer.predict(model, datamodule=datamodule, ckpt_path=ckpt_path)
     with nullcontext() if config["resumable"] else garbage_collector_paused():
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    if config["phase"].startswith("resume") and config.get("evaluate_after_fit"):
+        evaluate_after_fit(config, trainer, model, datamodule, trainer_options)
     if torch.distributed.is_initialized():
         # A clean shutdown: left to the interpreter's exit, gloo's threads once aborted a finished run.
         torch.distributed.destroy_process_group()
