@@ -34,7 +34,8 @@ __all__ = [
     "silence_not_resumable_warning",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lightning.pytorch.lightning_resumable")
+"""Under Lightning's logger, whose console handler prints INFO: each rank says how it met a signal."""
 
 _NOT_RESUMABLE_WARNING = "You're resuming from a checkpoint that ended before the epoch ended"
 
@@ -154,7 +155,10 @@ def handle_preemption_signal(trainer: pl.Trainer, signum: int, received_here: bo
     if signum != signal.SIGTERM:
         connector._slurm_sigusr_handler_fn(signum, None)  # type: ignore[arg-type]
         return
-    log.info(f"[rank: {trainer.global_rank}] SIGTERM received by a rank: ending the fit at this batch")
+    source = "received here" if received_here else "received by another rank"
+    log.info(
+        f"[rank: {trainer.global_rank}] lightning_resumable: SIGTERM {source}; every rank ends the fit after this batch"
+    )
     connector.received_sigterm = True
     if received_here and isinstance(previous, _HandlersCompose):
         for handler in previous.signal_handlers:

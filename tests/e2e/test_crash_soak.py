@@ -112,9 +112,9 @@ def test_five_kills_at_random_steps_train_what_an_uninterrupted_run_trains(tmp_p
 
 
 def test_sigterm_to_the_launching_rank_goes_through_lightning_and_resumes_exactly(tmp_path: Path) -> None:
-    """A scheduler's SIGTERM to rank 0, which launched the other rank: Lightning's signal connector logs
-    it, passes it on to the rank it launched, and both stop; the run resumes from ``last.ckpt`` exactly.
-    (Sent to rank 1 alone, Lightning 2.6.6 ends rank 1 only and leaves rank 0 waiting in a collective.)"""
+    """A scheduler's SIGTERM to rank 0, which launched the other rank: the callback holds it until the
+    end of a batch, where the ranks agree on it; both stop there through Lightning's SIGTERMException,
+    and the run resumes from ``last.ckpt`` exactly."""
     full, run = tmp_path / "full", tmp_path / "run"
     assert finish(launch(full, "full", num_workers=0), full, "full") == 0
     process = launch(run, "soak", num_workers=0)
@@ -122,7 +122,8 @@ def test_sigterm_to_the_launching_rank_goes_through_lightning_and_resumes_exactl
     os.kill(process.pid, signal.SIGTERM)
     finish(process, run, "soak")  # Lightning 2.6.6 stops the fit and exits 0
     log = (run / "soak.log").read_text()
-    assert "[rank: 0] Received SIGTERM" in log and "[rank: 1] Received SIGTERM" in log, log[-3000:]
+    assert "[rank: 0] lightning_resumable: SIGTERM received here" in log, log[-3000:]
+    assert "[rank: 1] lightning_resumable: SIGTERM received by another rank" in log, log[-3000:]
     trained = global_steps(run)
     assert trained[-1] < SOAK.epochs * SOAK.batches_per_epoch, "the run stopped before its end"
     resume_from = str(run / "checkpoints" / "last.ckpt")
