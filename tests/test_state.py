@@ -57,10 +57,12 @@ def test_different_setup_names_every_difference() -> None:
     assert "world_size" not in str(info.value)
 
 
-def test_the_version_is_the_installed_metadata() -> None:
-    """One place for the version: pyproject.toml, read back from the installed metadata."""
-    from importlib.metadata import version
+def test_the_version_is_pyproject_tomls() -> None:
+    """One place for the version: pyproject.toml; ``__version__`` reads it back from the installed metadata."""
+    import tomllib
+    from pathlib import Path
 
     import lightning_resumable
 
-    assert lightning_resumable.__version__ == version("lightning-resumable") != ""
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert lightning_resumable.__version__ == pyproject["project"]["version"]

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,7 @@ class Scenario:
             "droplast" if self.drop_last else "keeplast",
             self.stop_kind,
         ]
-        if self.persistent_workers and self.num_workers:
+        if self.persistent_workers:
             parts.insert(2, "persistent")
         if self.estimated_stepping_batches:
             parts.append("est_steps")
@@ -165,7 +166,22 @@ class Scenario:
             parts.append(f"resume-droplast{self.resume_drop_last}")
         if not self.resumable:
             parts.append("CONTROL")
+        # Every other field that differs from its default: two scenarios never share a run directory.
+        parts += [
+            f"{field.name}={getattr(self, field.name)}"
+            for field in dataclass_fields(self)
+            if field.name not in _NAMED_IN_LABEL and getattr(self, field.name) != field.default
+        ]
         return "-".join(parts)
+
+
+_NAMED_IN_LABEL = {
+    "world_size", "resume_world_size", "num_workers", "loader", "shuffle", "drop_last", "stop_kind",
+    "persistent_workers", "estimated_stepping_batches", "callback_options", "relist_on_resume", "curriculum",
+    "sampler", "data", "resume_num_workers", "stop_batch_override", "accumulate", "evaluate_before_resume",
+    "evaluate_after_fit", "resume_drop_last", "resumable",
+}  # fmt: skip
+"""The fields `Scenario.label` spells out in its own words (``mode`` only for ``combined`` data)."""
 
 
 def _config(scenario: Scenario, phase: str, run_dir: Path, checkpoint: Path, world_size: int) -> dict[str, Any]:
@@ -241,8 +257,8 @@ class Outcome:
                 )
             for step, (want, got) in enumerate(zip(expected, actual, strict=False)):
                 if want != got:
-                    fields = [name for name in FIELDS if want.get(name) != got.get(name)]
-                    problems.append(f"rank {rank} step {step} differs in {fields}: expected {want}, got {got}")
+                    differing = [name for name in fields if want.get(name) != got.get(name)]
+                    problems.append(f"rank {rank} step {step} differs in {differing}: expected {want}, got {got}")
                     break
             if len(expected) != len(actual):
                 problems.append(f"rank {rank}: expected {len(expected)} steps, got {len(actual)}")

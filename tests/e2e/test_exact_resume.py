@@ -54,9 +54,22 @@ CONTROLS = [
 ]
 
 
-def test_the_scenarios_cover_every_pair_of_dimension_values() -> None:
-    covered = set().union(*(pairs_of(row, list(DIMENSIONS)) for row in ROWS))
-    assert covered == all_pairs(DIMENSIONS)
+def row_of(scenario: Scenario) -> dict[str, object]:
+    """The dimension values a scenario that is run really has (read back from it, not from its row)."""
+    row: dict[str, object] = {name: getattr(scenario, name) for name in DIMENSIONS if name != "stop_kind"}
+    row["stop_kind"] = "est_steps" if scenario.estimated_stepping_batches else scenario.stop_kind
+    return row
+
+
+def test_the_scenarios_run_cover_every_pair_of_dimension_values_in_fewer_runs_than_all() -> None:
+    covered = set().union(*(pairs_of(row_of(scenario), list(DIMENSIONS)) for scenario in SCENARIOS))
+    assert covered == all_pairs(DIMENSIONS), sorted(all_pairs(DIMENSIONS) - covered)[:5]
+    assert len(SCENARIOS) < len(list(itertools.product(*DIMENSIONS.values()))) / 10
+
+
+def test_pairwise_finds_a_minimal_covering_array_of_three_binary_dimensions() -> None:
+    rows = pairwise({"a": [0, 1], "b": [0, 1], "c": [0, 1]})
+    assert len(rows) == 4  # the known minimum; the full product has 8
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.label() for s in SCENARIOS])

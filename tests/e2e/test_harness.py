@@ -1,0 +1,47 @@
+"""The harness itself: a scenario's label names every field (two scenarios never share a run
+directory), and a comparison restricted to some fields checks those fields on every rank."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Any
+
+import pytest
+
+from .harness import Outcome, Scenario
+
+BASE = Scenario(world_size=2)
+
+
+def another(value: Any) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, str):
+        return value + "-other"
+    if isinstance(value, tuple):
+        return (*value, ("verify", False))
+    return 1  # None
+
+
+@pytest.mark.parametrize("name", [field.name for field in fields(Scenario)])
+def test_a_scenario_differing_in_any_one_field_has_another_label(name: str) -> None:
+    changed = replace(BASE, **{name: another(getattr(BASE, name))})
+    assert changed.label() != BASE.label(), name
+
+
+def step(ids: list[int], loss: str = "0x1p0") -> dict[str, Any]:
+    return {"epoch": 0, "batch": 0, "ids": ids, "loss": loss}
+
+
+def test_a_restricted_comparison_checks_every_rank_in_those_fields() -> None:
+    """It once narrowed its fields to the first rank's differing ones, and missed a later rank's."""
+    full = {0: [step([0]), step([1])], 1: [step([2]), step([3])]}
+    stopped = {0: [step([0])], 1: [step([2])]}
+    resumed = {0: [step([1], loss="0x1p1")], 1: [step([9])]}
+    problems = Outcome(BASE, full, stopped, resumed).stream_mismatches(fields=("ids", "loss"))
+    assert [problem.split(":")[0] for problem in problems] == [
+        "rank 0 step 1 differs in ['loss']",
+        "rank 1 step 1 differs in ['ids']",
+    ]
