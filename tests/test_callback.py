@@ -111,8 +111,8 @@ def test_checkpoint_of_another_dataset_size_is_refused(tmp_path: Path) -> None:
 def test_changed_world_size_is_refused_when_the_callback_is_strict(tmp_path: Path) -> None:
     path = checkpoint_with_callback(tmp_path)
     checkpoint = torch.load(path, weights_only=True)
-    checkpoint["callbacks"]["ResumableDataCallback"]["train"]["world_size"] = 2
-    del checkpoint["callbacks"]["ResumableDataCallback"]["next_batch"]  # one rank's fingerprint: drop it
+    checkpoint["callbacks"]["ResumableDataCallback"]["state"]["train"]["world_size"] = 2
+    del checkpoint["callbacks"]["ResumableDataCallback"]["state"]["next_batch"]  # one rank's fingerprint: drop it
     torch.save(checkpoint, path)
     strict = ResumableDataCallback(allow_world_size_change=False)
     with pytest.raises(WorldSizeChangedError, match="written on 2 processes and resumes on 1"):
@@ -122,7 +122,7 @@ def test_changed_world_size_is_refused_when_the_callback_is_strict(tmp_path: Pat
 def test_data_state_disagreeing_with_trainer_progress_is_refused(tmp_path: Path) -> None:
     path = checkpoint_with_callback(tmp_path)
     checkpoint = torch.load(path, weights_only=True)
-    state = checkpoint["callbacks"]["ResumableDataCallback"]["train"]
+    state = checkpoint["callbacks"]["ResumableDataCallback"]["state"]["train"]
     state["batches"], state["position"] = 2, 4
     torch.save(checkpoint, path)
     with pytest.raises(

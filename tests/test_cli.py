@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lightning_resumable.cli import main, summarise
-from lightning_resumable.streams import StreamState
+from lightning_resumable.format import StreamState
 
 from .test_callback import checkpoint_with_callback
 
@@ -34,7 +34,7 @@ def test_inspect_prints_where_the_stream_stands(checkpoint: Path, capsys: pytest
 def test_inspect_json_holds_the_same_values(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", str(checkpoint), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    saved = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]
+    saved = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]["state"]
     loader = summary["loaders"]["train"]
     for key, value in saved["train"].items():
         assert loader[key] == value

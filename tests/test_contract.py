@@ -207,7 +207,7 @@ def test_a_datasets_own_state_is_persisted_once_and_restored_before_the_first_ba
     full = CurriculumModel()
     trainer(tmp_path, [ResumableDataCallback()], max_epochs=3).fit(full, CurriculumData(Curriculum()))
     path = save_in_epoch_one(tmp_path)
-    assert torch.load(path, weights_only=True)["callbacks"]["ResumableDataCallback"]["dataset"] == {"level": 1}
+    assert torch.load(path, weights_only=True)["callbacks"]["ResumableDataCallback"]["state"]["dataset"] == {"level": 1}
     resumed = CurriculumModel()
     data = CurriculumData(Curriculum())
     trainer(tmp_path, [ResumableDataCallback()], max_epochs=3).fit(resumed, data, ckpt_path=path)
@@ -233,7 +233,7 @@ def test_ranks_holding_different_dataset_states_are_refused_at_the_save(
 def test_a_checkpoint_without_the_datasets_state_is_refused(tmp_path: Path) -> None:
     path = save_in_epoch_one(tmp_path)
     checkpoint = torch.load(path, weights_only=True)
-    del checkpoint["callbacks"]["ResumableDataCallback"]["dataset"]
+    del checkpoint["callbacks"]["ResumableDataCallback"]["state"]["dataset"]
     torch.save(checkpoint, path)
     with pytest.raises(IncompatibleStateError, match="has its own state, but the checkpoint holds none"):
         trainer(tmp_path, [ResumableDataCallback()], max_epochs=3).fit(

@@ -18,7 +18,7 @@ import torch
 
 from lightning_resumable import IncompatibleStateError
 from lightning_resumable.cli import main as cli_main
-from lightning_resumable.streams import _release, torchdata_version
+from lightning_resumable.format import torchdata_release, torchdata_version
 
 from .release_fixtures import FIXTURES, ids_of, run
 
@@ -48,7 +48,7 @@ def data_state(path: Path) -> dict[str, Any]:
 def newer_torchdata(path: Path) -> str | None:
     """The torchdata version that wrote a stream checkpoint, if newer than the installed one."""
     written = data_state(path).get("stream", {}).get("torchdata", "")
-    return written if written and _release(written) > _release(torchdata_version()) else None
+    return written if written and torchdata_release(written) > torchdata_release(torchdata_version()) else None
 
 
 @pytest.mark.parametrize(("release", "scenario"), CASES)

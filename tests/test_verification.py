@@ -12,7 +12,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_resumable import ResumableDataCallback, ResumableDataModule, ResumeVerificationError, StateFormatError
-from lightning_resumable.verification import BatchFingerprint, digest_of
+from lightning_resumable.format import BatchFingerprint
+from lightning_resumable.verification import digest_of
 
 from .test_callback import Model, SaveAtStep, trainer
 
@@ -78,7 +79,7 @@ def test_unchanged_content_resumes_and_verification_can_be_turned_off(tmp_path: 
 
 
 def test_the_checkpoint_holds_one_plain_fingerprint_per_rank(tmp_path: Path) -> None:
-    state = torch.load(save_mid_epoch(tmp_path), weights_only=True)["callbacks"]["ResumableDataCallback"]
+    state = torch.load(save_mid_epoch(tmp_path), weights_only=True)["callbacks"]["ResumableDataCallback"]["state"]
     [fingerprint] = state["next_batch"]
     assert BatchFingerprint.from_list(fingerprint).to_list() == fingerprint
 

@@ -172,7 +172,7 @@ def test_a_save_from_the_exception_path_gathers_nothing_and_resumes_exactly(
         with pytest.raises(SystemExit):
             trainer(tmp_path / "stop", FailAt(batch=4), on_exception).fit(stopped, Data())
     checkpoint = tmp_path / "interrupted.ckpt"
-    saved = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]
+    saved = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]["state"]
     assert len(saved["next_batch"]) == 1, "rank 0 fingerprinted every rank's next batch itself"
 
     resumed = Model()

@@ -1,11 +1,15 @@
-"""Exact mid-epoch resume for PyTorch Lightning under DDP."""
+"""Exact mid-epoch resume for PyTorch Lightning under DDP.
 
+The two Lightning integration classes are imported on first use, so that reading a checkpoint
+(``lightning-resumable inspect``, `lightning_resumable.format`) does not import Lightning.
+"""
+
+from importlib import import_module
 from importlib.metadata import version
+from typing import TYPE_CHECKING, Any
 
 from lightning_resumable.batches import ResumableBatchSampler
-from lightning_resumable.callback import ResumableDataCallback
 from lightning_resumable.contract import PassThroughWrapper
-from lightning_resumable.datamodule import ResumableDataModule
 from lightning_resumable.errors import (
     ContractViolationError,
     IncompatibleStateError,
@@ -26,6 +30,21 @@ from lightning_resumable.order import EpochOrder
 from lightning_resumable.randomness import SampleRng, SampleSeededDataset, sample_rng
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
+
+if TYPE_CHECKING:
+    from lightning_resumable.callback import ResumableDataCallback
+    from lightning_resumable.datamodule import ResumableDataModule
+
+_LIGHTNING_CLASSES = {"ResumableDataCallback": "callback", "ResumableDataModule": "datamodule"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LIGHTNING_CLASSES:
+        value = getattr(import_module(f"lightning_resumable.{_LIGHTNING_CLASSES[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'lightning_resumable' has no attribute {name!r}")
+
 
 __all__ = [
     "ContractViolationError",

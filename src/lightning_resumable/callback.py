@@ -7,7 +7,7 @@ import os
 import random
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -33,105 +33,38 @@ from lightning_resumable.errors import (
     MissingStateError,
     PartialAccumulationError,
     ResumeError,
-    StateFormatError,
     WorldSizeChangedError,
+)
+from lightning_resumable.format import (
+    GLOBAL_POSITION_ATTRIBUTE,
+    STATE_KEY,
+    BatchFingerprint,
+    Envelope,
+    LoadersState,
+    LoaderState,
+    PartialAccumulation,
+    StreamState,
+    describe,
+    parse,
+    torchdata_version,
 )
 from lightning_resumable.randomness import seed_training_step
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.signals import DeferredSignals
 from lightning_resumable.state import DataState
-from lightning_resumable.streams import (
-    GLOBAL_POSITION_ATTRIBUTE,
-    StreamLoader,
-    StreamState,
-    loader_state_finished,
-    torchdata_version,
-)
+from lightning_resumable.streams import StreamLoader, loader_state_finished, state_for_rank
 from lightning_resumable.verification import (
-    BatchFingerprint,
     all_gather_objects,
     check_fingerprints,
     digest_of,
     fingerprint_next_batch,
 )
 
-
-@dataclass(frozen=True)
-class _Saved:
-    """What the callback persists: the stream's state, each rank's next-batch fingerprint, and the
-    state of a dataset that has its own (global, saved once)."""
-
-    state: DataState
-    fingerprints: list[BatchFingerprint] | None = None
-    dataset: Mapping[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        saved: dict[str, Any] = {"train": self.state.to_dict()}
-        if self.fingerprints is not None:
-            saved["next_batch"] = [fingerprint.to_list() for fingerprint in self.fingerprints]
-        if self.dataset is not None:
-            saved["dataset"] = self.dataset
-        return saved
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> _Saved:
-        if not {"train"} <= set(raw) <= {"train", "next_batch", "dataset"}:
-            raise StateFormatError(f"unexpected keys in the data state: {sorted(raw)}")
-        state = DataState.from_dict(raw["train"])
-        fingerprints = None
-        if "next_batch" in raw:
-            entries = raw["next_batch"]
-            if not isinstance(entries, list) or len(entries) != state.world_size:
-                raise StateFormatError(
-                    f"the data state must hold one batch fingerprint per rank ({state.world_size}), got {entries!r}"
-                )
-            fingerprints = [BatchFingerprint.from_list(entry) for entry in entries]
-        dataset = raw.get("dataset")
-        if dataset is not None and not isinstance(dataset, Mapping):
-            raise StateFormatError(f"the dataset's state must be a dict, got {type(dataset).__name__}")
-        return cls(state, fingerprints, dataset)
-
-
-@dataclass(frozen=True)
-class _SavedSet:
-    """Several train loaders: the run's seed, the ``CombinedLoader`` mode, and each loader's state by key."""
-
-    seed: int
-    mode: str
-    loaders: dict[str, _Saved]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "mode": self.mode, "loaders": {k: v.to_dict() for k, v in self.loaders.items()}}
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> _SavedSet:
-        loaders, seed, mode = raw.get("loaders"), raw.get("seed"), raw.get("mode")
-        if set(raw) != {"seed", "mode", "loaders"} or not isinstance(loaders, Mapping):
-            raise StateFormatError(f"unexpected keys in the state of several train loaders: {sorted(raw)}")
-        if type(seed) is not int or not isinstance(mode, str):
-            raise StateFormatError(f"the seed and mode of several train loaders must be an int and a str: {raw!r:.200}")
-        return cls(seed, mode, {str(key): _Saved.from_dict(value) for key, value in loaders.items()})
-
-
-_Restored = _Saved | _SavedSet | StreamState
-
-
-def _parse(raw: Mapping[str, Any]) -> _Restored:
-    if "stream" in raw:
-        if set(raw) != {"stream"}:
-            raise StateFormatError(f"unexpected keys beside a stream state: {sorted(raw)}")
-        return StreamState.from_dict(raw["stream"])
-    if "loaders" in raw:
-        return _SavedSet.from_dict(raw)
-    return _Saved.from_dict(raw)
+_Restored = LoaderState | LoadersState | StreamState
 
 
 def _what(restored: _Restored) -> str:
-    if isinstance(restored, StreamState):
-        return "a stream (an iterable dataset)"
-    if isinstance(restored, _SavedSet):
-        return f"several train loaders {sorted(restored.loaders)} in {restored.mode} mode"
-    return "one map-style train loader"
+    return describe(Envelope(restored).kind)
 
 
 class _SampledLoader:
@@ -153,7 +86,7 @@ class _SampledLoader:
     def user_dataset(self) -> object:
         return getattr(self.loader.dataset, "dataset", self.loader.dataset)  # inside the SampleSeededDataset
 
-    def restore(self, restored: _Saved, verify: bool) -> None:
+    def restore(self, restored: LoaderState, verify: bool) -> None:
         """Apply a saved state (the sampler's, then the dataset's); the world size is the caller's to police."""
         self.sampler.load_state_dict(restored.state.to_dict())  # refuses another setup before anything changes
         self._restore_dataset(restored.dataset)
@@ -203,7 +136,7 @@ class _SampledLoader:
 
     def save(
         self, batches: int, epoch_complete: bool, cycle: int | None, verify: bool, rank: int, collective: bool
-    ) -> _Saved:
+    ) -> LoaderState:
         """The state after ``batches`` batches of this loader (of ``cycle``, when it restarts).
 
         ``collective``: every rank saves in step, and each fingerprints its own next batch for the
@@ -228,7 +161,7 @@ class _SampledLoader:
         elif verify and rank == 0:
             world_size = sampler.num_replicas
             fingerprints = [fingerprint_next_batch(self.loader, state, each, world_size) for each in range(world_size)]
-        return _Saved(state, fingerprints, self._dataset_state(rank, collective))
+        return LoaderState(state, fingerprints, self._dataset_state(rank, collective))
 
     def check_start(self, trainer: pl.Trainer, expected: tuple[int, int]) -> None:
         """Refuse a trainer that resumes another place than the data; then verify the next batches."""
@@ -257,19 +190,15 @@ class _SampledLoader:
         return draws.epoch_length(seed, epoch + 1) != draws.epoch_length(seed, epoch)
 
 
-_UNRESUMABLE = "unresumable"
-"""The key of a data state that could not be written, with the reason."""
 _STREAM_OFF_PATH = (
     "it was written from an exception or signal path (OnExceptionCheckpoint, SIGTERM, SLURM requeue), where the"
     " ranks cannot exchange their stream positions without risking a deadlock, and a stream's position is per"
     " rank. Resume from a checkpoint written during training (ModelCheckpoint)"
 )
-_PARTIAL_ACCUMULATION = "partial_accumulation"
-"""The key, beside the data state, of a save inside a gradient accumulation window."""
 
 
-def _with_accumulation(trainer: pl.Trainer, batches: int, complete: bool, state: dict[str, Any]) -> dict[str, Any]:
-    """``state``, marked when the save falls inside a gradient accumulation window.
+def _partial_accumulation(trainer: pl.Trainer, batches: int, complete: bool) -> PartialAccumulation | None:
+    """The mark of a save inside a gradient accumulation window, or ``None``.
 
     Lightning steps the optimizer after every ``accumulate_grad_batches``-th batch of an epoch and
     after its last one; batches since the last step live only in the gradients, which no checkpoint
@@ -277,19 +206,15 @@ def _with_accumulation(trainer: pl.Trainer, batches: int, complete: bool, state:
     """
     window = int(trainer.accumulate_grad_batches)
     accumulated = 0 if complete else batches % window
-    if accumulated:
-        state[_PARTIAL_ACCUMULATION] = {"accumulated": accumulated, "window": window, "batches": batches}
-    return state
+    return PartialAccumulation(accumulated, window, batches) if accumulated else None
 
 
-def _refuse_partial_accumulation(partial: object) -> None:
+def _refuse_partial_accumulation(partial: PartialAccumulation | None) -> None:
     if partial is None:
         return
-    if not isinstance(partial, Mapping) or set(partial) != {"accumulated", "window", "batches"}:
-        raise StateFormatError(f"malformed {_PARTIAL_ACCUMULATION!r} in the data state: {partial!r}")
     raise PartialAccumulationError(
-        f"the checkpoint was saved after batch {partial['batches']} of its epoch, inside a gradient accumulation"
-        f" window: {partial['accumulated']} of accumulate_grad_batches={partial['window']} batches had been"
+        f"the checkpoint was saved after batch {partial.batches} of its epoch, inside a gradient accumulation"
+        f" window: {partial.accumulated} of accumulate_grad_batches={partial.window} batches had been"
         " accumulated without an optimizer step. Lightning does not save accumulated gradients, so the resumed"
         " run would step without them and its losses would differ from an uninterrupted run's. Resume from a"
         " checkpoint saved at an accumulation boundary (ModelCheckpoint(every_n_train_steps=...) saves there)"
@@ -399,7 +324,7 @@ class ResumableDataCallback(pl.Callback):
 
     @property
     def state_key(self) -> str:
-        return "ResumableDataCallback"
+        return STATE_KEY
 
     @property
     def sampler(self) -> ResumableSampler | None:
@@ -409,9 +334,9 @@ class ResumableDataCallback(pl.Callback):
     # ------------------------------------------------------------------- building the loader
     def shuffle_seed(self, trainer: pl.Trainer) -> int:
         """The run's shuffle seed: the checkpoint's, else ``seed_everything``'s, else drawn once by rank 0."""
-        if isinstance(self._pending, _Saved):
+        if isinstance(self._pending, LoaderState):
             return self._pending.state.seed
-        if isinstance(self._pending, (_SavedSet, StreamState)):
+        if isinstance(self._pending, (LoadersState, StreamState)):
             return self._pending.seed
         if self._seed is None:
             global_seed = os.environ.get("PL_GLOBAL_SEED")
@@ -442,7 +367,7 @@ class ResumableDataCallback(pl.Callback):
             return
         owned = _SampledLoader(loader, key=None)
         self._loaders, self._mode = {None: owned}, None
-        restored: _Saved | None = self._take_pending(_Saved)
+        restored: LoaderState | None = self._take_pending(LoaderState)
         if restored is None:
             owned.sampler.set_epoch(current_epoch)
             return
@@ -454,7 +379,7 @@ class ResumableDataCallback(pl.Callback):
         """Take ownership of several map-style loaders, by key, that a ``CombinedLoader`` in ``mode`` iterates."""
         owned = {key: _SampledLoader(loader, key) for key, loader in loaders.items()}
         self._loaders, self._mode = {key: each for key, each in owned.items()}, mode
-        restored: _SavedSet | None = self._take_pending(_SavedSet)
+        restored: LoadersState | None = self._take_pending(LoadersState)
         if restored is None:
             for each in owned.values():
                 each.sampler.set_epoch(current_epoch)
@@ -492,7 +417,7 @@ class ResumableDataCallback(pl.Callback):
         self._seed = restored.seed
         trainer = self._trainer
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        state = restored.for_rank(rank, world_size, loader.num_workers)  # refuses another layout
+        state = state_for_rank(restored, rank, world_size, loader.num_workers)  # refuses another layout
         if restored.finished:  # every rank had read its whole stream: the resume starts the next epoch
             loader.start_epoch(restored.epoch + 1)
             self._stream_start = (restored.epoch + 1, None)
@@ -525,26 +450,28 @@ class ResumableDataCallback(pl.Callback):
         trainer = self._trainer
         if trainer is None or (not self._loaders and self._stream is None):
             # Nothing trained yet in this process: keep a restored state that was not applied.
-            return self._pending.to_dict() if self._pending is not None else {}
+            return Envelope(self._pending).to_dict() if self._pending is not None else {}
         batches = self._epoch_batch_index(trainer, batches_processed(trainer))
         collective = not saving_off_the_training_path(trainer)
         if self._stream is not None:
             if not collective:
-                return {_UNRESUMABLE: _STREAM_OFF_PATH}
+                return Envelope(None, reason=_STREAM_OFF_PATH).to_dict()
             stream = self._save_stream(trainer, self._stream, batches)
-            return _with_accumulation(trainer, batches, stream.finished, {"stream": stream.to_dict()})
+            return Envelope(
+                stream, partial_accumulation=_partial_accumulation(trainer, batches, stream.finished)
+            ).to_dict()
         complete = batches >= trainer.num_training_batches
         rank = trainer.global_rank
         if self._mode is None:
-            state = self._loaders[None].save(batches, complete, None, self.verify, rank, collective).to_dict()
-            return _with_accumulation(trainer, batches, complete, state)
+            body: _Restored = self._loaders[None].save(batches, complete, None, self.verify, rank, collective)
+            return Envelope(body, partial_accumulation=_partial_accumulation(trainer, batches, complete)).to_dict()
         saved = {}
         for key in sorted(k for k in self._loaders if k is not None):  # the same order on every rank
             owned = self._loaders[key]
             cycle, loader_batches = loader_position(self._mode, batches, len(owned.loader))
             saved[key] = owned.save(loader_batches, complete, cycle, self.verify, rank, collective)
-        state = _SavedSet(self.shuffle_seed(trainer), self._mode, saved).to_dict()
-        return _with_accumulation(trainer, batches, complete, state)
+        body = LoadersState(self.shuffle_seed(trainer), self._mode, saved)
+        return Envelope(body, partial_accumulation=_partial_accumulation(trainer, batches, complete)).to_dict()
 
     def _save_stream(self, trainer: pl.Trainer, loader: StreamLoader, batches: int) -> StreamState:
         check_contract(loader, owned=(loader.dataset,))
@@ -570,16 +497,16 @@ class ResumableDataCallback(pl.Callback):
         """
         if not state_dict or (self._trainer is not None and self._trainer.state.fn != TrainerFn.FITTING):
             return
-        state_dict = dict(state_dict)
-        if _UNRESUMABLE in state_dict:
-            raise MissingStateError(f"the checkpoint holds no resumable data state: {state_dict[_UNRESUMABLE]}")
-        _refuse_partial_accumulation(state_dict.pop(_PARTIAL_ACCUMULATION, None))
+        envelope = parse(state_dict)
+        if envelope.state is None:
+            raise MissingStateError(f"the checkpoint holds no resumable data state: {envelope.reason}")
+        _refuse_partial_accumulation(envelope.partial_accumulation)
         if self._loaders or self._stream is not None:
             raise ResumeError(
                 "the data state was restored after the train loader was built (the strategy restores"
                 " checkpoints after setup); the stream cannot be repositioned exactly"
             )
-        self._pending = _parse(state_dict)
+        self._pending = envelope.state
 
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]

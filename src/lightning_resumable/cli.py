@@ -12,20 +12,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from lightning_resumable.errors import MissingStateError, ResumeError
+from lightning_resumable.format import (
+    LOADERS,
+    STATE,
+    STATE_KEY,
+    TRAIN,
+    LoadersState,
+    LoaderState,
+    StreamState,
+    parse,
+    stream_length,
+)
 
 __all__ = ["main", "summarise"]
-
-STATE_KEY = "ResumableDataCallback"
-_LENGTH_IN_DESCRIPTION = re.compile(r"(?:num_samples|size)=(\d+)")
 
 
 class _Unreadable(Exception):
@@ -58,31 +66,27 @@ def load_data_state(path: Path) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     return checkpoint, raw
 
 
-def _stream_length(state: Mapping[str, Any]) -> int | None:
-    """Positions in the epoch's global stream, where the state says (not for a batch sampler's stream)."""
-    draws = str(state.get("draws", "permutation"))
-    if draws in ("permutation", "sequential"):
-        return int(state["dataset_size"])
-    found = _LENGTH_IN_DESCRIPTION.search(draws)
-    return int(found.group(1)) if found else None
-
-
-def _loader_summary(saved: Mapping[str, Any]) -> dict[str, Any]:
-    from lightning_resumable.callback import _Saved
-
-    parsed = _Saved.from_dict(saved)  # refuses a malformed state with StateFormatError
-    state = parsed.state.to_dict()
-    length = _stream_length(state)
+def _loader_summary(saved: LoaderState, written_version: object) -> dict[str, Any]:
+    state = saved.state.to_dict()
+    length = stream_length(saved.state)
     summary: dict[str, Any] = {"kind": "map-style", **state}
-    summary["version"] = saved["train"]["version"]  # as written (an older version is read as the current one)
+    summary["version"] = written_version  # as written (an older version is read as the current one)
     if length:
         summary["stream_length"] = length
-        summary["fraction_through"] = min(1.0, parsed.state.position / length)
-    if parsed.fingerprints is not None:
-        summary["next_batch"] = [fingerprint.to_list() for fingerprint in parsed.fingerprints]
-    if parsed.dataset is not None:
-        summary["dataset_state"] = dict(parsed.dataset)
+        summary["fraction_through"] = min(1.0, saved.state.position / length)
+    if saved.fingerprints is not None:
+        summary["next_batch"] = [fingerprint.to_list() for fingerprint in saved.fingerprints]
+    if saved.dataset is not None:
+        summary["dataset_state"] = dict(saved.dataset)
     return summary
+
+
+def _written_versions(raw: Mapping[str, Any]) -> Any:
+    """The ``DataState`` versions as written: the body of the envelope, or the state itself before 0.3.0."""
+    body = raw.get(STATE, raw)
+    if LOADERS in body:
+        return {key: loader[TRAIN]["version"] for key, loader in body[LOADERS].items()}
+    return body.get(TRAIN, {}).get("version")
 
 
 def summarise(raw: Mapping[str, Any], checkpoint: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -90,31 +94,30 @@ def summarise(raw: Mapping[str, Any], checkpoint: Mapping[str, Any] | None = Non
 
     Raises:
         StateFormatError: the data state is malformed.
+        MissingStateError: the checkpoint holds a mark instead of a state, with the reason.
     """
-    from lightning_resumable.callback import _PARTIAL_ACCUMULATION, _UNRESUMABLE, _parse, _SavedSet
-    from lightning_resumable.streams import StreamState
-
-    if _UNRESUMABLE in raw:
-        raise MissingStateError(f"the checkpoint holds no resumable data state: {raw[_UNRESUMABLE]}")
-    raw = dict(raw)
-    partial = raw.pop(_PARTIAL_ACCUMULATION, None)
-    parsed = _parse(raw)
+    envelope = parse(raw)
+    if envelope.state is None:
+        raise MissingStateError(f"the checkpoint holds no resumable data state: {envelope.reason}")
+    parsed = envelope.state
     summary: dict[str, Any] = {}
-    if partial is not None:
-        summary["partial_accumulation"] = partial
+    if envelope.partial_accumulation is not None:
+        summary["partial_accumulation"] = asdict(envelope.partial_accumulation)
     if checkpoint is not None:
         summary["checkpoint"] = {key: checkpoint.get(key) for key in ("epoch", "global_step") if key in checkpoint}
+    versions = _written_versions(raw)
     if isinstance(parsed, StreamState):
-        stream = parsed.to_dict()
-        summary["loaders"] = {"train": {"kind": "stream", **stream}}
+        summary["loaders"] = {"train": {"kind": "stream", **parsed.to_dict()}}
         summary["epoch"], summary["batches"] = parsed.epoch, parsed.batches
-    elif isinstance(parsed, _SavedSet):
+    elif isinstance(parsed, LoadersState):
         summary["mode"], summary["seed"] = parsed.mode, parsed.seed
-        summary["loaders"] = {key: _loader_summary(raw["loaders"][key]) for key in sorted(parsed.loaders)}
+        summary["loaders"] = {
+            key: _loader_summary(parsed.loaders[key], versions[key]) for key in sorted(parsed.loaders)
+        }
         first = next(iter(summary["loaders"].values()))
         summary["epoch"] = first["epoch"]
     else:
-        summary["loaders"] = {"train": _loader_summary(raw)}
+        summary["loaders"] = {"train": _loader_summary(parsed, versions)}
         summary["epoch"], summary["batches"] = parsed.state.epoch, parsed.state.batches
     summary["place"] = _place(summary)
     return summary

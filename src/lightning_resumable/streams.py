@@ -23,10 +23,7 @@ consumed by all ranks), in which case every rank restores rank 0's state on a ne
 from __future__ import annotations
 
 import copy
-import importlib.metadata
-import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -35,11 +32,11 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lightning_resumable import randomness
 from lightning_resumable.errors import (
     IncompatibleStateError,
-    StateFormatError,
     UnsupportedLoaderError,
     WorkerCountChangedError,
     WorldSizeChangedError,
 )
+from lightning_resumable.format import GLOBAL_POSITION_ATTRIBUTE, StreamState, torchdata_release, torchdata_version
 from lightning_resumable.order import _MASK64, _splitmix64
 from lightning_resumable.workers import garbage_collector_paused, retire, warn_once_on_affected_python
 
@@ -50,15 +47,10 @@ __all__ = [
     "StreamState",
     "loader_state_finished",
     "make_stream_resumable",
+    "state_for_rank",
     "torchdata_version",
 ]
 
-GLOBAL_POSITION_ATTRIBUTE = "resumable_global_position"
-"""A dataset attribute: ``True`` declares its state the same on every rank and valid on any world size."""
-
-STREAM_STATE_VERSION = 2
-# Version 1 (development, never released) did not record torchdata's version.
-_READABLE_STREAM_VERSIONS = (1, 2)
 _STREAM_DOMAIN = 0x53545245414D  # "STREAM"
 _STATES_KEPT = 3
 """Loader states kept, one per batch: Lightning reads at most one batch ahead."""
@@ -232,107 +224,42 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
         self._next_epoch = epoch
 
 
-def torchdata_version() -> str:
-    """The installed torchdata's version: its ``StatefulDataLoader`` state format is what a stream saves."""
-    return importlib.metadata.version("torchdata")
-
-
-def _release(version: str) -> tuple[int, int]:
-    """``(major, minor)`` of a version such as ``0.11.0`` or ``0.12.0.dev20260101``."""
-    found = re.match(r"(\d+)\.(\d+)", version)
-    if found is None:
-        raise StateFormatError(f"not a torchdata version: {version!r}")
-    return int(found.group(1)), int(found.group(2))
-
-
 def loader_state_finished(state: Mapping[str, Any]) -> bool:
     """Whether a ``StatefulDataLoader`` state (from `StreamLoader.state_after`) had run out."""
     return bool(state.get("_iterator_finished"))  # torchdata's key for an exhausted iterator
 
 
-@dataclass(frozen=True)
-class StreamState:
-    """Where a stream loader stands on every rank, and the setup whose slices those states mean.
+def state_for_rank(
+    saved: StreamState, rank: int, world_size: int, num_workers: int, torchdata: str | None = None
+) -> dict[str, Any]:
+    """The loader state that ``rank`` of ``world_size`` restores (``torchdata``: the installed version).
 
-    Attributes:
-        seed: the run's seed (the sample seeds are keyed by it).
-        epoch: the epoch of the position.
-        batches: batches of the epoch every rank has completed.
-        world_size: processes that wrote it.
-        num_workers: loader workers per process.
-        global_position: the dataset declared its state the same on every rank.
-        finished: every rank's loader had run out (a resume starts the next epoch).
-        ranks: each rank's loader state, in rank order (``StatefulDataLoader`` form, with each
-            worker's stream state).
-        torchdata: the torchdata version whose ``StatefulDataLoader`` wrote ``ranks`` (an older
-            torchdata cannot read a newer one's state); ``""`` if not recorded.
+    Raises:
+        WorldSizeChangedError: another world size, and the dataset's position is per rank.
+        WorkerCountChangedError: another number of workers per process.
+        IncompatibleStateError: the state was written by a newer torchdata than the installed one.
     """
-
-    seed: int
-    epoch: int
-    batches: int
-    world_size: int
-    num_workers: int
-    global_position: bool
-    finished: bool
-    ranks: list[dict[str, Any]]
-    torchdata: str = ""
-    version: int = STREAM_STATE_VERSION
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> StreamState:
-        if not isinstance(raw, Mapping) or raw.get("version") not in _READABLE_STREAM_VERSIONS:
-            raise StateFormatError(
-                f"a stream state must be a dict of version {_READABLE_STREAM_VERSIONS}, got {raw!r:.200}"
-            )
-        if raw["version"] == 1:
-            raw = {**raw, "torchdata": "", "version": STREAM_STATE_VERSION}
-        missing = [field.name for field in fields(cls) if field.name not in raw]
-        if missing:
-            raise StateFormatError(f"the stream state lacks {missing}")
-        for field in fields(cls):
-            expected = {"bool": bool, "str": str, "list[dict[str, Any]]": list}.get(str(field.type), int)
-            if type(raw[field.name]) is not expected:
-                raise StateFormatError(
-                    f"stream state key {field.name!r} must be {expected.__name__}, got {type(raw[field.name]).__name__}"
-                )
-        state = cls(**{field.name: raw[field.name] for field in fields(cls)})
-        if len(state.ranks) != state.world_size or not all(isinstance(rank, Mapping) for rank in state.ranks):
-            raise StateFormatError(f"the stream state must hold one loader state per rank ({state.world_size})")
-        return state
-
-    def for_rank(self, rank: int, world_size: int, num_workers: int, torchdata: str | None = None) -> dict[str, Any]:
-        """The loader state that ``rank`` of ``world_size`` restores (``torchdata``: the installed version).
-
-        Raises:
-            WorldSizeChangedError: another world size, and the dataset's position is per rank.
-            WorkerCountChangedError: another number of workers per process.
-            IncompatibleStateError: the state was written by a newer torchdata than the installed one.
-        """
-        installed = torchdata_version() if torchdata is None else torchdata
-        if self.torchdata and _release(installed) < _release(self.torchdata):
-            raise IncompatibleStateError(
-                f"the checkpoint's stream state was written with torchdata {self.torchdata} and resumes with"
-                f" torchdata {installed}: an older torchdata cannot read a newer one's StatefulDataLoader state."
-                f" Install torchdata>={self.torchdata}"
-            )
-        if world_size != self.world_size and not self.global_position:
-            raise WorldSizeChangedError(
-                f"the checkpoint's stream state was written on {self.world_size} processes and resumes on {world_size}:"
-                " a stream's position is per rank (each rank reads its own shard), so it means other data on"
-                f" another world size. Resume on {self.world_size} processes, or give the dataset"
-                f" {GLOBAL_POSITION_ATTRIBUTE} = True if its state is the same on every rank"
-            )
-        if num_workers != self.num_workers:
-            raise WorkerCountChangedError(
-                f"the checkpoint's stream state was written with num_workers={self.num_workers} per process and"
-                f" resumes with num_workers={num_workers}: each worker reads its own slice of the stream, so the"
-                f" saved worker states mean other data. Resume with num_workers={self.num_workers}"
-            )
-        return self.ranks[rank if world_size == self.world_size else 0]
+    installed = torchdata_version() if torchdata is None else torchdata
+    if saved.torchdata and torchdata_release(installed) < torchdata_release(saved.torchdata):
+        raise IncompatibleStateError(
+            f"the checkpoint's stream state was written with torchdata {saved.torchdata} and resumes with"
+            f" torchdata {installed}: an older torchdata cannot read a newer one's StatefulDataLoader state."
+            f" Install torchdata>={saved.torchdata}"
+        )
+    if world_size != saved.world_size and not saved.global_position:
+        raise WorldSizeChangedError(
+            f"the checkpoint's stream state was written on {saved.world_size} processes and resumes on {world_size}:"
+            " a stream's position is per rank (each rank reads its own shard), so it means other data on"
+            f" another world size. Resume on {saved.world_size} processes, or give the dataset"
+            f" {GLOBAL_POSITION_ATTRIBUTE} = True if its state is the same on every rank"
+        )
+    if num_workers != saved.num_workers:
+        raise WorkerCountChangedError(
+            f"the checkpoint's stream state was written with num_workers={saved.num_workers} per process and"
+            f" resumes with num_workers={num_workers}: each worker reads its own slice of the stream, so the"
+            f" saved worker states mean other data. Resume with num_workers={saved.num_workers}"
+        )
+    return saved.ranks[rank if world_size == saved.world_size else 0]
 
 
 def make_stream_resumable(

@@ -21,7 +21,6 @@ import hashlib
 import itertools
 import pickle
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from lightning_resumable.errors import ResumeVerificationError, StateFormatError
+from lightning_resumable.errors import ResumeVerificationError
+from lightning_resumable.format import BatchFingerprint
 from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
@@ -37,32 +37,6 @@ from lightning_resumable.state import DataState
 __all__ = ["BatchFingerprint", "all_gather_objects", "check_fingerprints", "fingerprint_next_batch"]
 
 _DIGEST_BYTES = 8
-
-
-@dataclass(frozen=True)
-class BatchFingerprint:
-    """Digests (16 hex digits each) of one rank's next batch: its sample keys and its content."""
-
-    ids: str
-    content: str
-
-    def to_list(self) -> list[str]:
-        return [self.ids, self.content]
-
-    @classmethod
-    def from_list(cls, raw: object) -> BatchFingerprint:
-        """Parse the persisted form, a list of two 16-digit hex strings."""
-        if (
-            not isinstance(raw, list)
-            or len(raw) != 2
-            or not all(isinstance(d, str) and len(d) == 2 * _DIGEST_BYTES for d in raw)
-        ):
-            raise StateFormatError(f"a batch fingerprint must be two 16-digit hex strings, got {raw!r}")
-        try:
-            bytes.fromhex(raw[0] + raw[1])
-        except ValueError:
-            raise StateFormatError(f"a batch fingerprint must be hex, got {raw!r}") from None
-        return cls(ids=raw[0], content=raw[1])
 
 
 # ----------------------------------------------------------------------------------- digests

@@ -148,7 +148,7 @@ def test_drawn_seed_is_agreed_by_ranks_saved_and_reused(tmp_path: Path) -> None:
     run_dir = tmp_path / "unseeded"
     checkpoint = run_dir / "stop.ckpt"
     stopped = run_phase(unseeded, "stop", run_dir, checkpoint)
-    saved = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]["train"]
+    saved = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]["state"]["train"]
     resumed = run_phase(unseeded, "resume", run_dir, checkpoint)
     # The uninterrupted reference: the same data order, now chosen by seed_everything(saved seed).
     reference_dir = tmp_path / "reference"
@@ -163,7 +163,7 @@ def test_checkpoint_loads_with_weights_only_and_holds_plain_values(runner: Runne
     scenario = next(s for s in SCENARIOS if s.stop_kind == "in_step" and s.world_size == 3)
     runner.run(scenario)  # already run above: the runner returns the recorded outcome
     checkpoint = runner.checkpoint(scenario)
-    state = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]
+    state = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]["state"]
     assert json.loads(json.dumps(state)) == state
     assert (state["train"]["world_size"], state["train"]["epoch"]) == (3, scenario.stop_epoch)
     assert len(state["next_batch"]) == 3, "every rank's fingerprint reaches the checkpoint"

@@ -68,7 +68,7 @@ def rank_pids(run: Path) -> list[int]:
 
 def saved_position(checkpoint: Path) -> tuple[int, int]:
     """(epoch, batches completed) the checkpoint's data state resumes after."""
-    state = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]["train"]
+    state = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]["state"]["train"]
     return state["epoch"], state["batches"]
 
 

@@ -1,0 +1,370 @@
+"""The checkpoint format: everything the callback writes under its key, and the one parser that reads it.
+
+Promise: `parse` reads every format this library ever wrote (0.1.0 on) into typed values, or raises
+`StateFormatError` saying what is wrong; `Envelope.to_dict` writes plain values only (ints, bools,
+strings, lists, dicts), so a checkpoint loads with ``torch.load(weights_only=True)``. This module
+imports neither torch nor Lightning: ``lightning-resumable inspect`` reads checkpoints through it.
+
+The envelope (``format`` 1, from 0.3.0)::
+
+    {"format": 1, "kind": "loader" | "loaders" | "stream" | "unresumable", "keys": 1,
+     "state": <the kind's state>,             # not for "unresumable"
+     "reason": "...",                         # "unresumable" only: why no state could be written
+     "partial_accumulation": {...}}           # a save inside a gradient accumulation window
+
+``keys`` is the version of the key derivation (`lightning_resumable._keys`) the stream was drawn with.
+Before 0.3.0 there was no envelope: the kind was told apart by its keys (``train``, ``loaders``,
+``stream`` or ``unresumable``), with ``partial_accumulation`` beside them; those still read, as
+``keys`` 1.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+from lightning_resumable.errors import StateFormatError
+from lightning_resumable.state import DataState
+
+__all__ = [
+    "FORMAT_VERSION",
+    "GLOBAL_POSITION_ATTRIBUTE",
+    "STATE_KEY",
+    "BatchFingerprint",
+    "Envelope",
+    "LoaderState",
+    "LoadersState",
+    "PartialAccumulation",
+    "StreamState",
+    "parse",
+    "stream_length",
+    "torchdata_version",
+]
+
+STATE_KEY = "ResumableDataCallback"
+"""The key of the callback's state in ``checkpoint["callbacks"]`` (its ``state_key``)."""
+FORMAT_VERSION = 1
+KEYS_VERSION = 1
+"""The key derivation written by this release (`lightning_resumable._keys.DERIVATION_VERSION`)."""
+
+# The envelope's keys, and the keys of the states inside it.
+FORMAT, KIND, KEYS, STATE, REASON, PARTIAL_ACCUMULATION = (
+    "format",
+    "kind",
+    "keys",
+    "state",
+    "reason",
+    "partial_accumulation",
+)
+TRAIN, NEXT_BATCH, DATASET = "train", "next_batch", "dataset"
+SEED, MODE, LOADERS = "seed", "mode", "loaders"
+STREAM, UNRESUMABLE = "stream", "unresumable"
+
+Kind = Literal["loader", "loaders", "stream", "unresumable"]
+
+GLOBAL_POSITION_ATTRIBUTE = "resumable_global_position"
+"""A stream dataset's attribute: ``True`` declares its state the same on every rank and valid on any world size."""
+
+_DIGEST_HEX = 16
+STREAM_STATE_VERSION = 2
+# Version 1 (development, never released) did not record torchdata's version.
+_READABLE_STREAM_VERSIONS = (1, 2)
+_LENGTH_IN_DRAWS = re.compile(r"(?:num_samples|size)=(\d+)")
+
+
+def _mapping(raw: object, what: str) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise StateFormatError(f"{what} must be a dict, got {type(raw).__name__}")
+    if not all(isinstance(key, str) for key in raw):
+        raise StateFormatError(
+            f"{what} must have string keys, got {[key for key in raw if not isinstance(key, str)]!r:.200}"
+        )
+    return raw
+
+
+def _keys(raw: Mapping[str, Any], required: set[str], optional: set[str], what: str) -> None:
+    missing, unknown = required - set(raw), set(raw) - required - optional
+    if missing or unknown:
+        raise StateFormatError(f"{what}: missing keys {sorted(missing)}, unexpected keys {sorted(unknown)}")
+
+
+@dataclass(frozen=True)
+class BatchFingerprint:
+    """Digests (16 hex digits each) of one rank's next batch: its sample keys and its content."""
+
+    ids: str
+    content: str
+
+    def to_list(self) -> list[str]:
+        return [self.ids, self.content]
+
+    @classmethod
+    def from_list(cls, raw: object) -> BatchFingerprint:
+        """Parse the persisted form, a list of two 16-digit hex strings."""
+        if (
+            not isinstance(raw, list)
+            or len(raw) != 2
+            or not all(isinstance(d, str) and len(d) == _DIGEST_HEX for d in raw)
+        ):
+            raise StateFormatError(f"a batch fingerprint must be two 16-digit hex strings, got {raw!r:.200}")
+        try:
+            bytes.fromhex(raw[0] + raw[1])
+        except ValueError:
+            raise StateFormatError(f"a batch fingerprint must be hex, got {raw!r}") from None
+        return cls(ids=raw[0], content=raw[1])
+
+
+@dataclass(frozen=True)
+class LoaderState:
+    """One map-style loader: its stream's state, each rank's next-batch fingerprint, and the state of a
+    dataset that has its own (global, saved once)."""
+
+    state: DataState
+    fingerprints: list[BatchFingerprint] | None = None
+    dataset: Mapping[str, Any] | None = None
+
+    @property
+    def seed(self) -> int:
+        return self.state.seed
+
+    def to_dict(self) -> dict[str, Any]:
+        saved: dict[str, Any] = {TRAIN: self.state.to_dict()}
+        if self.fingerprints is not None:
+            saved[NEXT_BATCH] = [fingerprint.to_list() for fingerprint in self.fingerprints]
+        if self.dataset is not None:
+            saved[DATASET] = dict(self.dataset)
+        return saved
+
+    @classmethod
+    def from_dict(cls, raw: object) -> LoaderState:
+        raw = _mapping(raw, "a loader's state")
+        _keys(raw, {TRAIN}, {NEXT_BATCH, DATASET}, "a loader's state")
+        state = DataState.from_dict(raw[TRAIN])
+        fingerprints = None
+        if NEXT_BATCH in raw:
+            entries = raw[NEXT_BATCH]
+            if not isinstance(entries, list) or len(entries) != state.world_size:
+                raise StateFormatError(
+                    f"the data state must hold one batch fingerprint per rank ({state.world_size}),"
+                    f" got {type(entries).__name__} of length {len(entries) if isinstance(entries, list) else '-'}"
+                )
+            fingerprints = [BatchFingerprint.from_list(entry) for entry in entries]
+        dataset = raw.get(DATASET)
+        if dataset is not None:
+            dataset = _mapping(dataset, "the dataset's state")
+        return cls(state, fingerprints, dataset)
+
+
+@dataclass(frozen=True)
+class LoadersState:
+    """Several train loaders: the run's seed, the ``CombinedLoader`` mode, and each loader's state by key."""
+
+    seed: int
+    mode: str
+    loaders: dict[str, LoaderState]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {SEED: self.seed, MODE: self.mode, LOADERS: {k: v.to_dict() for k, v in self.loaders.items()}}
+
+    @classmethod
+    def from_dict(cls, raw: object) -> LoadersState:
+        raw = _mapping(raw, "the state of several train loaders")
+        _keys(raw, {SEED, MODE, LOADERS}, set(), "the state of several train loaders")
+        seed, mode = raw[SEED], raw[MODE]
+        if type(seed) is not int or not isinstance(mode, str):
+            raise StateFormatError(f"the seed and mode of several train loaders must be an int and a str: {raw!r:.200}")
+        loaders = _mapping(raw[LOADERS], "the train loaders' states")
+        if not loaders:
+            raise StateFormatError("the state of several train loaders holds no loader")
+        return cls(seed, mode, {key: LoaderState.from_dict(value) for key, value in loaders.items()})
+
+
+def torchdata_version() -> str:
+    """The installed torchdata's version: its ``StatefulDataLoader`` state format is what a stream saves."""
+    return importlib.metadata.version("torchdata")
+
+
+def torchdata_release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version such as ``0.11.0`` or ``0.12.0.dev20260101``."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found is None:
+        raise StateFormatError(f"not a torchdata version: {version!r}")
+    return int(found.group(1)), int(found.group(2))
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """Where a stream loader stands on every rank, and the setup whose slices those states mean.
+
+    Attributes:
+        seed: the run's seed (the sample seeds are keyed by it).
+        epoch: the epoch of the position.
+        batches: batches of the epoch every rank has completed.
+        world_size: processes that wrote it.
+        num_workers: loader workers per process.
+        global_position: the dataset declared its state the same on every rank.
+        finished: every rank's loader had run out (a resume starts the next epoch).
+        ranks: each rank's loader state, in rank order (``StatefulDataLoader`` form, with each
+            worker's stream state).
+        torchdata: the torchdata version whose ``StatefulDataLoader`` wrote ``ranks`` (an older
+            torchdata cannot read a newer one's state); ``""`` if not recorded.
+    """
+
+    seed: int
+    epoch: int
+    batches: int
+    world_size: int
+    num_workers: int
+    global_position: bool
+    finished: bool
+    ranks: list[dict[str, Any]]
+    torchdata: str = ""
+    version: int = STREAM_STATE_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: object) -> StreamState:
+        raw = _mapping(raw, "a stream state")
+        version = raw.get("version")
+        if type(version) is not int or version not in _READABLE_STREAM_VERSIONS:
+            raise StateFormatError(
+                f"stream state version {version!r} is not supported (this library reads {_READABLE_STREAM_VERSIONS})"
+            )
+        if version == 1:
+            raw = {**raw, "torchdata": "", "version": STREAM_STATE_VERSION}
+        _keys(raw, {field.name for field in fields(cls)}, set(), "a stream state")
+        for field in fields(cls):
+            expected = {"bool": bool, "str": str, "list[dict[str, Any]]": list}.get(str(field.type), int)
+            if type(raw[field.name]) is not expected:
+                raise StateFormatError(
+                    f"stream state key {field.name!r} must be {expected.__name__}, got {type(raw[field.name]).__name__}"
+                )
+        state = cls(**{field.name: raw[field.name] for field in fields(cls)})
+        if min(state.epoch, state.batches, state.num_workers) < 0 or state.world_size < 1:
+            raise StateFormatError(f"a stream state has a negative count or no rank: {state!r:.300}")
+        if len(state.ranks) != state.world_size or not all(isinstance(rank, Mapping) for rank in state.ranks):
+            raise StateFormatError(f"the stream state must hold one loader state per rank ({state.world_size})")
+        if state.torchdata:
+            torchdata_release(state.torchdata)
+        return state
+
+
+@dataclass(frozen=True)
+class PartialAccumulation:
+    """A save inside a gradient accumulation window: ``accumulated`` of ``window`` batches had been
+    accumulated without an optimizer step, after ``batches`` batches of the epoch."""
+
+    accumulated: int
+    window: int
+    batches: int
+
+    @classmethod
+    def from_dict(cls, raw: object) -> PartialAccumulation:
+        raw = _mapping(raw, f"{PARTIAL_ACCUMULATION!r}")
+        _keys(raw, {"accumulated", "window", "batches"}, set(), f"{PARTIAL_ACCUMULATION!r}")
+        if not all(type(raw[name]) is int and raw[name] >= 0 for name in raw):
+            raise StateFormatError(f"{PARTIAL_ACCUMULATION!r} must hold non-negative ints: {raw!r:.200}")
+        return cls(**raw)
+
+
+Body = LoaderState | LoadersState | StreamState
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What the callback writes: one kind of state (or the reason there is none), and its marks."""
+
+    state: Body | None
+    reason: str | None = None
+    partial_accumulation: PartialAccumulation | None = None
+    keys: int = KEYS_VERSION
+
+    @property
+    def kind(self) -> Kind:
+        if isinstance(self.state, StreamState):
+            return "stream"
+        if isinstance(self.state, LoadersState):
+            return "loaders"
+        return "loader" if self.state is not None else "unresumable"
+
+    def to_dict(self) -> dict[str, Any]:
+        raw: dict[str, Any] = {FORMAT: FORMAT_VERSION, KIND: self.kind, KEYS: self.keys}
+        if self.state is None:
+            raw[REASON] = self.reason or ""
+        else:
+            raw[STATE] = self.state.to_dict()
+        if self.partial_accumulation is not None:
+            raw[PARTIAL_ACCUMULATION] = asdict(self.partial_accumulation)
+        return raw
+
+
+_BODIES: dict[str, type[LoaderState] | type[LoadersState] | type[StreamState]] = {
+    "loader": LoaderState,
+    "loaders": LoadersState,
+    "stream": StreamState,
+}
+
+
+def describe(kind: str) -> str:
+    """The kind of train input a state is of, in words."""
+    return {
+        "loader": "one map-style train loader",
+        "loaders": "several train loaders",
+        "stream": "a stream (an iterable dataset)",
+        "unresumable": "no resumable state",
+    }.get(kind, kind)
+
+
+def parse(raw: object) -> Envelope:
+    """The callback's state as written by any release, typed; a `StateFormatError` for anything else."""
+    raw = _mapping(raw, "the data state")
+    marked = raw.get(PARTIAL_ACCUMULATION)
+    partial = PartialAccumulation.from_dict(marked) if marked is not None else None
+    if FORMAT not in raw:
+        return _parse_unversioned(raw, partial)
+    version = raw[FORMAT]
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise StateFormatError(f"data state format {version!r} is not supported (this library reads {FORMAT_VERSION})")
+    kind, keys = raw.get(KIND), raw.get(KEYS)
+    if type(keys) is not int or keys != KEYS_VERSION:
+        raise StateFormatError(f"key derivation {keys!r} is not supported (this library derives keys {KEYS_VERSION})")
+    if kind == UNRESUMABLE:
+        _keys(raw, {FORMAT, KIND, KEYS, REASON}, {PARTIAL_ACCUMULATION}, "an unresumable data state")
+        if not isinstance(raw[REASON], str):
+            raise StateFormatError(f"the reason of an unresumable data state must be a str: {raw[REASON]!r:.200}")
+        return Envelope(None, reason=raw[REASON], partial_accumulation=partial, keys=keys)
+    if kind not in _BODIES:
+        raise StateFormatError(f"unknown kind of data state {kind!r} (known: {sorted([*_BODIES, UNRESUMABLE])})")
+    _keys(raw, {FORMAT, KIND, KEYS, STATE}, {PARTIAL_ACCUMULATION}, f"a data state of kind {kind!r}")
+    return Envelope(_BODIES[kind].from_dict(raw[STATE]), partial_accumulation=partial, keys=keys)
+
+
+def _parse_unversioned(raw: Mapping[str, Any], partial: PartialAccumulation | None) -> Envelope:
+    """A state written before the envelope (0.1.0 to 0.2.x): the kind is told by its keys."""
+    body = {key: value for key, value in raw.items() if key != PARTIAL_ACCUMULATION}
+    if UNRESUMABLE in body:
+        _keys(body, {UNRESUMABLE}, set(), "an unresumable data state")
+        return Envelope(None, reason=str(body[UNRESUMABLE]), partial_accumulation=partial)
+    if STREAM in body:
+        _keys(body, {STREAM}, set(), "a stream's data state")
+        return Envelope(StreamState.from_dict(body[STREAM]), partial_accumulation=partial)
+    if LOADERS in body:
+        return Envelope(LoadersState.from_dict(body), partial_accumulation=partial)
+    if TRAIN in body:
+        return Envelope(LoaderState.from_dict(body), partial_accumulation=partial)
+    raise StateFormatError(f"the data state holds none of the known kinds: keys {sorted(body)[:10]}")
+
+
+def stream_length(state: DataState) -> int | None:
+    """Positions in the epoch's global stream as the state's ``draws`` describes it: the dataset size
+    for a permutation, ``num_samples=`` or ``size=`` of other draws (`lightning_resumable.draws`
+    writes them so), ``None`` for a batch sampler's stream, whose length is its own."""
+    if state.draws in ("permutation", "sequential"):
+        return state.dataset_size
+    found = _LENGTH_IN_DRAWS.search(state.draws)
+    return int(found.group(1)) if found else None
