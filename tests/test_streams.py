@@ -22,13 +22,12 @@ from lightning_resumable import (
     WorkerCountChangedError,
     WorldSizeChangedError,
 )
+from lightning_resumable._keys import stream_key, stream_sample_seed
 from lightning_resumable.format import StreamState
 from lightning_resumable.streams import (
     StreamLoader,
     make_stream_resumable,
     state_for_rank,
-    stream_key,
-    stream_sample_seed,
 )
 
 from .test_callback import Model, trainer

@@ -16,18 +16,16 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
+from lightning_resumable._keys import batch_epoch_seed
 from lightning_resumable.draws import Draws
 from lightning_resumable.errors import UnsupportedLoaderError
-from lightning_resumable.order import _splitmix64
 
 __all__ = ["BatchDraws", "ResumableBatchSampler"]
-
-_EPOCH_GENERATOR_DOMAIN = 0x4241544348  # "BATCH"
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
     """The generator an epoch's batches are drawn with: seeded from (seed, epoch) only."""
-    return torch.Generator().manual_seed(_splitmix64(_splitmix64(seed ^ _EPOCH_GENERATOR_DOMAIN) ^ epoch) >> 1)
+    return torch.Generator().manual_seed(batch_epoch_seed(seed, epoch))
 
 
 class ResumableBatchSampler(Sampler[list[int]]):

@@ -14,9 +14,9 @@ from typing import Any
 
 from lightning.pytorch.utilities import CombinedLoader
 
+from lightning_resumable._keys import loader_seed
 from lightning_resumable._lightning import combined_loader_mode
 from lightning_resumable.errors import UnsupportedLoaderError
-from lightning_resumable.order import _MASK64, _splitmix64
 
 __all__ = ["MODES", "TrainLoaders", "key_seed", "loader_position", "split_train_loaders"]
 
@@ -30,7 +30,7 @@ TrainLoaders = tuple[dict[str, Any], str, Callable[[dict[str, Any]], Any]]
 def key_seed(seed: int, key: str) -> int:
     """The seed of the loader under ``key``: a pure function of the run's seed and the key (below 2**63)."""
     digest = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
-    return _splitmix64(_splitmix64(seed & _MASK64) ^ digest) >> 1
+    return loader_seed(seed, digest)
 
 
 def loader_position(mode: str, batches: int, length: int) -> tuple[int, int]:

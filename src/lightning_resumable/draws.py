@@ -25,13 +25,10 @@ from collections.abc import Sequence
 
 import torch
 
-from lightning_resumable.order import MAX_SIZE, EpochOrder, _splitmix64, position_hash
+from lightning_resumable._keys import Domain, repeated_round_seed
+from lightning_resumable.order import MAX_SIZE, EpochOrder, position_hash
 
 __all__ = ["Draws", "Permutation", "RepeatedPermutation", "SubsetPermutation", "UniformDraws", "WeightedDraws"]
-
-_DRAW_DOMAIN = 0x44524157  # "DRAW"
-_ROUND_DOMAIN = 0x524F554E44  # "ROUND"
-_WEIGHT_DOMAIN = 0x574549474854  # "WEIGHT"
 
 
 def _uniform(seed: int, epoch: int, positions: torch.Tensor, domain: int) -> torch.Tensor:
@@ -100,7 +97,7 @@ class RepeatedPermutation(Draws):
         indices = torch.empty_like(positions)
         for round_index in range(int(rounds.min()), int(rounds.max()) + 1):  # a chunk spans few rounds
             in_round = rounds == round_index
-            round_seed = _splitmix64((seed ^ _ROUND_DOMAIN) + round_index)
+            round_seed = repeated_round_seed(seed, round_index)
             indices[in_round] = EpochOrder(self.dataset_size, round_seed, epoch)(offsets[in_round])
         return indices
 
@@ -117,7 +114,7 @@ class UniformDraws(Draws):
         return f"uniform-with-replacement(num_samples={self.length})"
 
     def __call__(self, seed: int, epoch: int, positions: torch.Tensor) -> torch.Tensor:
-        indices = (_uniform(seed, epoch, positions, _DRAW_DOMAIN) * self.dataset_size).long()
+        indices = (_uniform(seed, epoch, positions, Domain.DRAW) * self.dataset_size).long()
         return indices.clamp_(max=self.dataset_size - 1)
 
 
@@ -155,7 +152,7 @@ class WeightedDraws(Draws):
 
     def __call__(self, seed: int, epoch: int, positions: torch.Tensor) -> torch.Tensor:
         if self.replacement:
-            targets = _uniform(seed, epoch, positions, _DRAW_DOMAIN) * self._cumulative[-1]
+            targets = _uniform(seed, epoch, positions, Domain.DRAW) * self._cumulative[-1]
             indices = torch.searchsorted(self._cumulative, targets, right=True)
             return indices.clamp_(max=self.dataset_size - 1)
         return self._order(seed, epoch)[positions]
@@ -164,7 +161,7 @@ class WeightedDraws(Draws):
         """The epoch's draws without replacement: the ``length`` largest keys ``log(u) / w``, largest first."""
         if self._epoch_order is None or self._epoch_order[:2] != (seed, epoch):
             items = torch.arange(self.dataset_size)
-            keys = torch.log(_uniform(seed, epoch, items, _WEIGHT_DOMAIN).clamp_(min=2.0**-60)) / self.weights
+            keys = torch.log(_uniform(seed, epoch, items, Domain.WEIGHT).clamp_(min=2.0**-60)) / self.weights
             self._epoch_order = (seed, epoch, torch.topk(keys, self.length).indices)  # 0 weights: -inf, never taken
         return self._epoch_order[2]
 

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+from lightning_resumable._keys import DERIVATION_VERSION, check_version
 from lightning_resumable.errors import StateFormatError
 from lightning_resumable.state import DataState
 
@@ -47,8 +48,8 @@ __all__ = [
 STATE_KEY = "ResumableDataCallback"
 """The key of the callback's state in ``checkpoint["callbacks"]`` (its ``state_key``)."""
 FORMAT_VERSION = 1
-KEYS_VERSION = 1
-"""The key derivation written by this release (`lightning_resumable._keys.DERIVATION_VERSION`)."""
+KEYS_VERSION = DERIVATION_VERSION
+"""The key derivation this release draws streams with (`lightning_resumable._keys`)."""
 
 # The envelope's keys, and the keys of the states inside it.
 FORMAT, KIND, KEYS, STATE, REASON, PARTIAL_ACCUMULATION = (
@@ -331,8 +332,10 @@ def parse(raw: object) -> Envelope:
     if type(version) is not int or version != FORMAT_VERSION:
         raise StateFormatError(f"data state format {version!r} is not supported (this library reads {FORMAT_VERSION})")
     kind, keys = raw.get(KIND), raw.get(KEYS)
-    if type(keys) is not int or keys != KEYS_VERSION:
-        raise StateFormatError(f"key derivation {keys!r} is not supported (this library derives keys {KEYS_VERSION})")
+    try:
+        keys = check_version(keys)  # the derivation the stream was drawn with selects the functions
+    except ValueError as error:
+        raise StateFormatError(str(error)) from None
     if kind == UNRESUMABLE:
         _keys(raw, {FORMAT, KIND, KEYS, REASON}, {PARTIAL_ACCUMULATION}, "an unresumable data state")
         if not isinstance(raw[REASON], str):

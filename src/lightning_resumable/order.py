@@ -19,22 +19,15 @@ import math
 
 import torch
 
+from lightning_resumable._keys import MASK32, domain_key, epoch_order_round_keys
+
 __all__ = ["MAX_SIZE", "EpochOrder", "position_hash"]
 
 MAX_SIZE = 1 << 40
 """The largest dataset the order supports: positions and halves must fit int64 arithmetic."""
 
 _ROUNDS = 3
-_MASK32 = 0xFFFFFFFF
-_MASK64 = 0xFFFFFFFFFFFFFFFF
-
-
-def _splitmix64(value: int) -> int:
-    """One step of SplitMix64: turns structured integers (seed, epoch, round) into key material."""
-    value = (value + 0x9E3779B97F4A7C15) & _MASK64
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return value ^ (value >> 31)
+_MASK32 = MASK32
 
 
 def _hash32(values: torch.Tensor) -> torch.Tensor:
@@ -57,7 +50,7 @@ def position_hash(seed: int, epoch: int, positions: torch.Tensor, domain: int) -
     The low 32 bits are a bijection of ``positions & 0xFFFFFFFF`` for a fixed ``positions >> 32``, so
     no two positions of an epoch of up to 4B share them.
     """
-    key = _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ domain) ^ epoch)
+    key = domain_key(seed, domain, epoch)
     low_key, high_key = key & _MASK32, key >> 32
     low = _hash32((positions & _MASK32) ^ low_key)
     low = _hash32(low ^ (positions >> 32) ^ high_key)  # positions >> 32 is 0 below 4B samples
@@ -90,8 +83,7 @@ class EpochOrder:
         # The Feistel domain is side * side, the smallest square holding size: at most 2*side - 1
         # values lie outside [0, size), so cycle walking is rare and short.
         self._side = math.isqrt(size - 1) + 1
-        material = _splitmix64(_splitmix64(seed & _MASK64) ^ epoch)
-        self._round_keys = [_splitmix64(material + round_index) & _MASK32 for round_index in range(_ROUNDS)]
+        self._round_keys = epoch_order_round_keys(seed, epoch, _ROUNDS)
 
     def _encrypt(self, values: torch.Tensor) -> torch.Tensor:
         """One pass of the Feistel network over Z_side x Z_side (a bijection of [0, side**2))."""

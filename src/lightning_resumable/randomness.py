@@ -21,16 +21,18 @@ created, or whether the run was interrupted. Nothing is persisted: the seeds are
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from lightning_resumable._keys import Domain, explicit_generator_seed, step_seed
 from lightning_resumable.errors import NotInSampleFetchError
-from lightning_resumable.order import _splitmix64, position_hash
+from lightning_resumable.order import position_hash
 
 __all__ = [
     "SampleKey",
@@ -47,12 +49,6 @@ SampleKey = tuple[int, int]
 """What the sampler hands to `SampleSeededDataset` per sample: ``(dataset index, sample seed)``."""
 
 _MASK32 = 0xFFFFFFFF
-_MASK64 = 0xFFFFFFFFFFFFFFFF
-# Domain separators, so that sample seeds, step seeds and the shuffle order never share key material.
-_SAMPLE_DOMAIN = 0x5A4D504C45  # "SAMPLE"
-_STEP_DOMAIN = 0x53544550  # "STEP"
-_EXPLICIT_TORCH = 0x9E3779B97F4A7C15
-_EXPLICIT_NUMPY = 0xD1B54A32D192ED03
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -64,13 +60,7 @@ def sample_seeds(seed: int, epoch: int, positions: torch.Tensor) -> torch.Tensor
     Within an epoch, positions below 2**32 get distinct low 32 bits, so no two samples of an epoch of
     up to 4B samples share torch's seed.
     """
-    return position_hash(seed, epoch, positions, _SAMPLE_DOMAIN)
-
-
-def step_seed(seed: int, epoch: int, batch_index: int) -> int:
-    """The seed of one training step: the same on every rank, as ``seed_everything`` makes it."""
-    mixed = _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ _STEP_DOMAIN) ^ epoch)
-    return _splitmix64(mixed ^ batch_index) >> 1
+    return position_hash(seed, epoch, positions, Domain.SAMPLE)
 
 
 def seed_global_generators(seed: int) -> None:
@@ -93,7 +83,7 @@ def seed_training_step(seed: int, epoch: int, batch_index: int) -> None:
         torch.cuda.manual_seed(derived)
 
 
-class _GlobalGeneratorState:
+class GlobalGeneratorState:
     """A snapshot of the three global generators, to put back after a fetch in the main process."""
 
     def __init__(self) -> None:
@@ -105,6 +95,21 @@ class _GlobalGeneratorState:
         torch.default_generator.set_state(self.torch_state)
         random.setstate(self.python_state)
         np.random.set_state(self.numpy_state)
+
+
+@contextlib.contextmanager
+def fetching_sample(seed: int, seed_globals: bool) -> Iterator[None]:
+    """While one sample is fetched: `sample_rng` answers for ``seed``, and with ``seed_globals`` the
+    global generators start from it. The one writer of the current sample (a map-style fetch or a
+    stream's next sample)."""
+    global _current
+    _current = seed
+    try:
+        if seed_globals:
+            seed_global_generators(seed)
+        yield
+    finally:
+        _current = None
 
 
 # ------------------------------------------------------------------------------- the explicit API
@@ -125,14 +130,15 @@ class SampleRng:
     def torch(self) -> torch.Generator:
         """A CPU ``torch.Generator`` for this sample."""
         if self._torch is None:
-            self._torch = torch.Generator().manual_seed(_splitmix64(self.seed ^ _EXPLICIT_TORCH))
+            self._torch = torch.Generator().manual_seed(explicit_generator_seed(self.seed, Domain.EXPLICIT_TORCH))
         return self._torch
 
     @property
     def numpy(self) -> np.random.Generator:
         """A ``numpy.random.Generator`` (Philox) for this sample."""
         if self._numpy is None:
-            self._numpy = np.random.Generator(np.random.Philox(key=_splitmix64(self.seed ^ _EXPLICIT_NUMPY)))
+            key = explicit_generator_seed(self.seed, Domain.EXPLICIT_NUMPY)
+            self._numpy = np.random.Generator(np.random.Philox(key=key))
         return self._numpy
 
 
@@ -221,20 +227,16 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
         self, keys: Sequence[SampleKey], seed_globals: bool | None = None, restore_globals: bool | None = None
     ) -> list[T_co]:
         """The samples at ``keys``, each under its own seed (arguments override the wrapper's settings)."""
-        global _current
         seed_globals = self.seed_globals if seed_globals is None else seed_globals
         restore_globals = self.restore_globals if restore_globals is None else restore_globals
         in_main_process = get_worker_info() is None
-        saved = _GlobalGeneratorState() if seed_globals and restore_globals and in_main_process else None
+        saved = GlobalGeneratorState() if seed_globals and restore_globals and in_main_process else None
         samples = []
         try:
             for index, seed in keys:
-                _current = seed
-                if seed_globals:
-                    seed_global_generators(seed)
-                samples.append(self.dataset[index])
+                with fetching_sample(seed, seed_globals):
+                    samples.append(self.dataset[index])
         finally:
-            _current = None
             if saved is not None:
                 saved.restore()
         return samples

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler
 
+from lightning_resumable._keys import cycle_seed
 from lightning_resumable.draws import Draws, Permutation
 from lightning_resumable.errors import PendingRestoreError
-from lightning_resumable.order import _MASK64, MAX_SIZE, _splitmix64
+from lightning_resumable.order import MAX_SIZE
 from lightning_resumable.randomness import SampleKey, sample_seeds
 from lightning_resumable.state import DataState
 
@@ -27,7 +28,6 @@ __all__ = ["ResumableSampler"]
 
 _PLACE_BITS = 20
 """A sample's key in a batch sampler's stream is ``batch position << 20 | place in the batch``."""
-_CYCLE_DOMAIN = 0x4359434C45  # "CYCLE"
 _FIRST_CHUNK = 256
 _CHUNK = 65536
 """Positions computed per vectorised step: large enough to amortise torch's per-call cost, small
@@ -179,7 +179,7 @@ class ResumableSampler(DistributedSampler[Any]):
         """The key of the current cycle's stream: the run's seed for the first cycle of an epoch."""
         if self.cycle == 0:
             return self.seed
-        return _splitmix64(_splitmix64(_splitmix64(self.seed & _MASK64) ^ _CYCLE_DOMAIN) ^ self.cycle) >> 1
+        return cycle_seed(self.seed, self.cycle)
 
     @property
     def stream_length(self) -> int:

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable import randomness
+from lightning_resumable._keys import stream_key, stream_sample_seed
 from lightning_resumable.errors import (
     IncompatibleStateError,
     UnsupportedLoaderError,
@@ -37,7 +38,6 @@ from lightning_resumable.errors import (
     WorldSizeChangedError,
 )
 from lightning_resumable.format import GLOBAL_POSITION_ATTRIBUTE, StreamState, torchdata_release, torchdata_version
-from lightning_resumable.order import _MASK64, _splitmix64
 from lightning_resumable.workers import garbage_collector_paused, retire, warn_once_on_affected_python
 
 __all__ = [
@@ -51,20 +51,8 @@ __all__ = [
     "torchdata_version",
 ]
 
-_STREAM_DOMAIN = 0x53545245414D  # "STREAM"
 _STATES_KEPT = 3
 """Loader states kept, one per batch: Lightning reads at most one batch ahead."""
-
-
-def stream_key(seed: int, epoch: int, rank: int, worker: int) -> int:
-    """The key of one worker's stream on one rank in one epoch; sample ``n`` of it has seed ``(key ^ n)`` mixed."""
-    key = _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ _STREAM_DOMAIN) ^ epoch)
-    return _splitmix64(key ^ (rank << 16 | worker))
-
-
-def stream_sample_seed(key: int, count: int) -> int:
-    """The seed of the ``count``-th sample of a worker's stream (below 2**63)."""
-    return _splitmix64(key ^ count) >> 1
 
 
 class SeededStream(IterableDataset[Any]):
@@ -123,16 +111,13 @@ class SeededStream(IterableDataset[Any]):
         source = iter(self.dataset)
         while True:
             seed = stream_sample_seed(key, self._yielded)
-            saved = randomness._GlobalGeneratorState() if restore else None
-            randomness._current = seed
+            saved = randomness.GlobalGeneratorState() if restore else None
             try:
-                if self.seed_globals:
-                    randomness.seed_global_generators(seed)
-                sample = next(source)
+                with randomness.fetching_sample(seed, self.seed_globals):
+                    sample = next(source)
             except StopIteration:
                 return
             finally:
-                randomness._current = None
                 if saved is not None:
                     saved.restore()
             self._yielded += 1
