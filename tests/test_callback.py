@@ -79,8 +79,21 @@ def checkpoint_with_callback(tmp_path: Path, *extra: L.Callback) -> Path:
 
 
 def test_mixin_without_callback_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(MissingCallbackError, match="exactly one ResumableDataCallback"):
+    with pytest.raises(MissingCallbackError, match="needs a ResumableDataCallback .*found none"):
         trainer(tmp_path, []).fit(Model(), Data())
+
+
+def test_two_callbacks_are_refused(tmp_path: Path) -> None:
+    """Lightning refuses two of one state key; a subclass with its own key gets this far."""
+    from lightning_resumable import DuplicateCallbackError
+
+    class Renamed(ResumableDataCallback):
+        @property
+        def state_key(self) -> str:
+            return "renamed"
+
+    with pytest.raises(DuplicateCallbackError, match="exactly one ResumableDataCallback .*found 2"):
+        trainer(tmp_path, [ResumableDataCallback(), Renamed()]).fit(Model(), Data())
 
 
 def test_callback_without_mixin_is_refused(tmp_path: Path) -> None:
@@ -89,7 +102,9 @@ def test_callback_without_mixin_is_refused(tmp_path: Path) -> None:
 
 
 def test_train_dataloader_outside_a_trainer_is_refused() -> None:
-    with pytest.raises(MissingCallbackError, match="runs under a Trainer"):
+    from lightning_resumable import NoTrainerError
+
+    with pytest.raises(NoTrainerError, match="runs under a Trainer"):
         Data().train_dataloader()
 
 

@@ -18,6 +18,7 @@ from lightning_resumable import (
     ResumableDataCallback,
     ResumableDataModule,
     StateFormatError,
+    StreamPositionError,
     UnsupportedLoaderError,
     WorkerCountChangedError,
     WorldSizeChangedError,
@@ -84,7 +85,7 @@ def test_a_state_older_than_the_look_ahead_is_refused() -> None:
     batches = iter(loader)
     for _ in range(6):
         next(batches)
-    with pytest.raises(Exception, match="its state at batch 1 is not known"):
+    with pytest.raises(StreamPositionError, match="its state at batch 1 is not known"):
         loader.state_after(1)
 
 

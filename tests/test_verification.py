@@ -103,3 +103,10 @@ def test_digests_see_values_dtypes_shapes_and_structure() -> None:
     ]
     digests = {digest_of(variant) for variant in variants}
     assert len(digests) == len(variants) and digest_of(batch) not in digests
+
+
+def test_an_element_that_does_not_pickle_is_refused_at_the_save_by_its_own_error() -> None:
+    from lightning_resumable import UnfingerprintableBatchError
+
+    with pytest.raises(UnfingerprintableBatchError, match="cannot fingerprint a batch element of type function"):
+        digest_of([lambda: None])

@@ -29,10 +29,10 @@ from lightning_resumable.contract import check_contract
 from lightning_resumable.errors import (
     IncompatibleStateError,
     InconsistentRankStateError,
+    LateRestoreError,
     MissingCallbackError,
     MissingStateError,
     PartialAccumulationError,
-    ResumeError,
     WorldSizeChangedError,
 )
 from lightning_resumable.format import (
@@ -502,7 +502,7 @@ class ResumableDataCallback(pl.Callback):
             raise MissingStateError(f"the checkpoint holds no resumable data state: {envelope.reason}")
         _refuse_partial_accumulation(envelope.partial_accumulation)
         if self._loaders or self._stream is not None:
-            raise ResumeError(
+            raise LateRestoreError(
                 "the data state was restored after the train loader was built (the strategy restores"
                 " checkpoints after setup); the stream cannot be repositioned exactly"
             )

@@ -45,7 +45,7 @@ def load_data_state(path: Path) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
 
     Raises:
         _Unreadable: no such file, or not loadable without unpickling arbitrary objects.
-        ResumeError: the checkpoint holds no data state of this library.
+        MissingStateError: the checkpoint holds no data state of this library.
     """
     if not path.is_file():
         raise _Unreadable(f"{path}: no such file")
@@ -59,7 +59,7 @@ def load_data_state(path: Path) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
     callbacks = checkpoint.get("callbacks") if isinstance(checkpoint, Mapping) else None
     raw = callbacks.get(STATE_KEY) if isinstance(callbacks, Mapping) else None
     if not raw:
-        raise ResumeError(
+        raise MissingStateError(
             f"{path} holds no data state of lightning-resumable: it was written without ResumableDataCallback"
             " (or before the train loader was built)"
         )

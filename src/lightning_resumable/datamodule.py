@@ -13,7 +13,12 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_resumable.batches import ResumableBatchSampler
 from lightning_resumable.callback import ResumableDataCallback
 from lightning_resumable.combined import key_seed, split_train_loaders
-from lightning_resumable.errors import MissingCallbackError, UnsupportedLoaderError
+from lightning_resumable.errors import (
+    DuplicateCallbackError,
+    MissingCallbackError,
+    NoTrainerError,
+    UnsupportedLoaderError,
+)
 from lightning_resumable.loader import make_resumable
 
 __all__ = ["ResumableDataModule"]
@@ -27,10 +32,14 @@ def _find_callback(trainer: pl.Trainer) -> ResumableDataCallback:
         for callback in trainer.callbacks  # type: ignore[attr-defined]
         if isinstance(callback, ResumableDataCallback)
     ]
-    if len(found) != 1:
+    if not found:
         raise MissingCallbackError(
+            "a ResumableDataModule needs a ResumableDataCallback in Trainer(callbacks=...), found none"
+        )
+    if len(found) > 1:
+        raise DuplicateCallbackError(
             f"a ResumableDataModule needs exactly one ResumableDataCallback in Trainer(callbacks=...), found"
-            f" {len(found)}"
+            f" {len(found)}: the train loader's position has one owner"
         )
     return found[0]
 
@@ -82,7 +91,7 @@ def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], A
         loader = user_train_dataloader(self)
         trainer = getattr(self, "trainer", None)
         if trainer is None:
-            raise MissingCallbackError(
+            raise NoTrainerError(
                 "train_dataloader() of a ResumableDataModule runs under a Trainer; attach the datamodule with"
                 " trainer.fit(model, datamodule)"
             )

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 __all__ = [
     "ContractViolationError",
+    "DuplicateCallbackError",
     "IncompatibleStateError",
     "InconsistentRankStateError",
+    "LateRestoreError",
     "MissingCallbackError",
     "MissingStateError",
+    "NoTrainerError",
     "NotInSampleFetchError",
     "PartialAccumulationError",
     "PendingRestoreError",
     "ResumeError",
     "ResumeVerificationError",
     "StateFormatError",
+    "StreamPositionError",
+    "UnfingerprintableBatchError",
     "UnsupportedLoaderError",
     "WorkerCountChangedError",
     "WorldSizeChangedError",
@@ -54,6 +59,32 @@ class MissingStateError(ResumeError):
 
 class MissingCallbackError(ResumeError):
     """A ``ResumableDataModule`` is used without a ``ResumableDataCallback`` on the trainer, or the reverse."""
+
+
+class DuplicateCallbackError(ResumeError):
+    """The trainer has more than one ``ResumableDataCallback``: the train loader's position has one owner."""
+
+
+class NoTrainerError(ResumeError):
+    """``train_dataloader()`` of a ``ResumableDataModule`` was called without a trainer attached."""
+
+
+class LateRestoreError(ResumeError):
+    """Lightning restored the data state after the train loader was built and iterated.
+
+    The position can only be applied before the loader's iterator exists; a strategy that restores
+    checkpoints after building the loaders cannot be resumed exactly.
+    """
+
+
+class UnfingerprintableBatchError(ResumeError):
+    """At a save, an element of the next batch cannot be digested (it does not pickle), so the resume
+    cannot be verified; ``ResumableDataCallback(verify=False)`` saves without the fingerprint."""
+
+
+class StreamPositionError(ResumeError):
+    """At a save, the trainer's count of completed batches is one the stream loader holds no state for
+    (the loader was iterated outside the trainer, or more than one batch ahead)."""
 
 
 class UnsupportedLoaderError(ResumeError):

@@ -33,6 +33,7 @@ from lightning_resumable import randomness
 from lightning_resumable._keys import stream_key, stream_sample_seed
 from lightning_resumable.errors import (
     IncompatibleStateError,
+    StreamPositionError,
     UnsupportedLoaderError,
     WorkerCountChangedError,
     WorldSizeChangedError,
@@ -193,7 +194,7 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
             return self._states[batches]
         if batches == self.batches_yielded:  # no look-ahead (a sized stream, or the first batch)
             return copy.deepcopy(StatefulDataLoader.state_dict(self))
-        raise IncompatibleStateError(
+        raise StreamPositionError(
             f"the trainer has completed {batches} batches of this epoch but the stream loader has yielded"
             f" {self.batches_yielded}; its state at batch {batches} is not known"
         )

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from lightning_resumable.errors import ResumeVerificationError
+from lightning_resumable.errors import ResumeVerificationError, UnfingerprintableBatchError
 from lightning_resumable.format import BatchFingerprint
 from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
@@ -69,7 +69,7 @@ def _feed(digest: Any, value: object) -> None:
         try:
             digest.update(pickle.dumps(value, protocol=4))
         except Exception as error:
-            raise ResumeVerificationError(
+            raise UnfingerprintableBatchError(
                 f"cannot fingerprint a batch element of type {type(value).__name__} ({error}); pass"
                 " ResumableDataCallback(verify=False) to resume without verification"
             ) from error
