@@ -79,7 +79,7 @@ def checkpoint_with_callback(tmp_path: Path, *extra: L.Callback) -> Path:
 
 
 def test_mixin_without_callback_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(MissingCallbackError, match="needs a ResumableDataCallback .*found none"):
+    with pytest.raises(MissingCallbackError, match=r"needs a ResumableDataCallback .*found none"):
         trainer(tmp_path, []).fit(Model(), Data())
 
 
@@ -92,7 +92,7 @@ def test_two_callbacks_are_refused(tmp_path: Path) -> None:
         def state_key(self) -> str:
             return "renamed"
 
-    with pytest.raises(DuplicateCallbackError, match="exactly one ResumableDataCallback .*found 2"):
+    with pytest.raises(DuplicateCallbackError, match=r"exactly one ResumableDataCallback .*found 2"):
         trainer(tmp_path, [ResumableDataCallback(), Renamed()]).fit(Model(), Data())
 
 
