@@ -1,225 +1,44 @@
 """The one owner of the train loaders' position: persisted in the checkpoint, applied once on restore,
-verified before the first resumed step; and the owner of the training step's randomness."""
+verified before the first resumed step; and the owner of the training step's randomness.
+
+The callback keeps the Lightning hooks, its options, the run's seed and the world-size policy; what
+depends on the kind of train input is its `lightning_resumable.owners` owner's.
+"""
 
 from __future__ import annotations
 
 import os
 import random
-import signal
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from lightning_resumable._lightning import (
     batches_processed,
-    handle_preemption_signal,
-    preemption_signals,
     rebuild_train_loader_at_next_epoch,
     saving_off_the_training_path,
     silence_not_resumable_warning,
 )
 from lightning_resumable.audit import AuditLog
-from lightning_resumable.combined import loader_position
-from lightning_resumable.contract import check_contract
 from lightning_resumable.errors import (
-    IncompatibleStateError,
-    InconsistentRankStateError,
     LateRestoreError,
     MissingCallbackError,
     MissingStateError,
     PartialAccumulationError,
     WorldSizeChangedError,
 )
-from lightning_resumable.format import (
-    GLOBAL_POSITION_ATTRIBUTE,
-    STATE_KEY,
-    BatchFingerprint,
-    Envelope,
-    LoadersState,
-    LoaderState,
-    PartialAccumulation,
-    StreamState,
-    describe,
-    parse,
-    torchdata_version,
-)
+from lightning_resumable.format import STATE_KEY, Body, Envelope, PartialAccumulation, StreamState, parse
+from lightning_resumable.owners import LoaderOwner, LoadersOwner, Owner, SavePoint, StreamOwner
 from lightning_resumable.randomness import seed_training_step
 from lightning_resumable.sampler import ResumableSampler
-from lightning_resumable.signals import DeferredSignals
+from lightning_resumable.signals import HeldPreemption
 from lightning_resumable.state import DataState
-from lightning_resumable.streams import StreamLoader, loader_state_finished, state_for_rank
-from lightning_resumable.verification import (
-    all_gather_objects,
-    check_fingerprints,
-    digest_of,
-    fingerprint_next_batch,
-)
-
-_Restored = LoaderState | LoadersState | StreamState
-
-
-def _what(restored: _Restored) -> str:
-    return describe(Envelope(restored).kind)
-
-
-class _SampledLoader:
-    """One map-style train loader the callback owns: its sampler's state, the next-batch fingerprints,
-    and the state of a dataset that has its own (global, saved once)."""
-
-    def __init__(self, loader: DataLoader[Any], key: str | None) -> None:
-        sampler = loader.sampler
-        if not isinstance(sampler, ResumableSampler):
-            raise TypeError(f"the loader's sampler must be a ResumableSampler, got {type(sampler).__name__}")
-        check_contract(loader, owned=(sampler,))
-        self.loader, self.sampler, self.key = loader, sampler, key
-        self.to_verify: tuple[DataState, list[BatchFingerprint]] | None = None
-
-    @property
-    def where(self) -> str:
-        return "" if self.key is None else f" (train loader {self.key!r})"
-
-    def user_dataset(self) -> object:
-        return getattr(self.loader.dataset, "dataset", self.loader.dataset)  # inside the SampleSeededDataset
-
-    def restore(self, restored: LoaderState, verify: bool) -> None:
-        """Apply a saved state (the sampler's, then the dataset's); the world size is the caller's to police."""
-        self.sampler.load_state_dict(restored.state.to_dict())  # refuses another setup before anything changes
-        self._restore_dataset(restored.dataset)
-        if not verify:
-            return
-        if restored.fingerprints is None:
-            rank_zero_info("lightning_resumable: the checkpoint holds no batch fingerprint; the resume is not verified")
-        else:
-            self.to_verify = (restored.state, restored.fingerprints)
-
-    def _restore_dataset(self, state: Mapping[str, Any] | None) -> None:
-        dataset = self.user_dataset()
-        load = getattr(dataset, "load_state_dict", None)
-        if state is None:
-            if callable(getattr(dataset, "state_dict", None)):
-                raise IncompatibleStateError(
-                    f"the dataset {type(dataset).__name__}{self.where} has its own state, but the checkpoint holds"
-                    " none: it was written by a setup whose dataset had no state_dict"
-                )
-            return
-        if not callable(load):
-            raise IncompatibleStateError(
-                f"the checkpoint holds a dataset state (keys {sorted(state)}){self.where}, but the dataset"
-                f" {type(dataset).__name__} has no load_state_dict"
-            )
-        load(state)
-
-    def _dataset_state(self, rank: int, collective: bool) -> Mapping[str, Any] | None:
-        """The dataset's own state, checked to be the same on every rank (only rank 0 writes it) when
-        ``collective``; else this rank's."""
-        state_dict = getattr(self.user_dataset(), "state_dict", None)
-        if not callable(state_dict):
-            return None
-        state: Mapping[str, Any] = state_dict()
-        if not collective:
-            return state
-        digests = all_gather_objects(digest_of(state))
-        differing = [other for other, digest in enumerate(digests) if digest != digests[0]]
-        if differing:
-            raise InconsistentRankStateError(
-                f"the dataset {type(self.user_dataset()).__name__}{self.where} holds a different state on rank(s)"
-                f" {differing} than on rank 0 ({state!r} here, on rank {rank}); only rank 0's checkpoint is written,"
-                " so the other ranks would resume from rank 0's state. Change the dataset's state on every rank"
-                " alike (for example in on_train_epoch_end)"
-            )
-        return state
-
-    def save(
-        self, batches: int, epoch_complete: bool, cycle: int | None, verify: bool, rank: int, collective: bool
-    ) -> LoaderState:
-        """The state after ``batches`` batches of this loader (of ``cycle``, when it restarts).
-
-        ``collective``: every rank saves in step, and each fingerprints its own next batch for the
-        gathering. Else (an exception or signal path) no rank waits for another: rank 0, whose
-        file is the checkpoint, fingerprints every rank's next batch itself (the position is global).
-        """
-        check_contract(self.loader, owned=(self.sampler,))
-        sampler = self.sampler
-        if epoch_complete:
-            # The resume starts the next epoch (Lightning does the same).
-            state = replace(sampler.data_state(), epoch=sampler.epoch + 1, position=0, batches=0, cycle=0)
-        elif cycle is not None and cycle != sampler.cycle:
-            # The loader ran out exactly here and max_size_cycle has not restarted it yet.
-            state = replace(sampler.data_state(), cycle=cycle, position=0, batches=0)
-        else:
-            sampler.set_consumed_batches(batches)
-            state = sampler.data_state()
-        fingerprints = None
-        if verify and collective:
-            mine = fingerprint_next_batch(self.loader, state, sampler.rank, sampler.num_replicas)
-            fingerprints = [BatchFingerprint.from_list(entry) for entry in all_gather_objects(mine.to_list())]
-        elif verify and rank == 0:
-            world_size = sampler.num_replicas
-            fingerprints = [fingerprint_next_batch(self.loader, state, each, world_size) for each in range(world_size)]
-        return LoaderState(state, fingerprints, self._dataset_state(rank, collective))
-
-    def check_start(self, trainer: pl.Trainer, expected: tuple[int, int]) -> None:
-        """Refuse a trainer that resumes another place than the data; then verify the next batches."""
-        epoch, _, batches = self.sampler.origin
-        if epoch != trainer.current_epoch:
-            raise IncompatibleStateError(
-                f"the data state{self.where} resumes epoch {epoch} but the trainer resumes epoch"
-                f" {trainer.current_epoch}"
-            )
-        cycle, expected_batches = expected
-        if batches and (batches, self.sampler.cycle) != (expected_batches, cycle):
-            ours, theirs = f"{batches} batches", f"{expected_batches}"
-            if self.key is not None:
-                ours, theirs = f"{ours} (cycle {self.sampler.cycle})", f"{theirs} (cycle {cycle})"
-            raise IncompatibleStateError(
-                f"the data state{self.where} resumes after {ours} of epoch {epoch} but the trainer's count means"
-                f" {theirs}"
-            )
-        if self.to_verify is not None:
-            saved, fingerprints = self.to_verify
-            self.to_verify = None
-            check_fingerprints(self.loader, saved, fingerprints, trainer.global_rank, trainer.world_size)
-
-    def next_epoch_differs_in_length(self, epoch: int) -> bool:
-        draws, seed = self.sampler.draws, self.sampler.seed
-        return draws.epoch_length(seed, epoch + 1) != draws.epoch_length(seed, epoch)
-
-
-_STREAM_OFF_PATH = (
-    "it was written from an exception or signal path (OnExceptionCheckpoint, SIGTERM, SLURM requeue), where the"
-    " ranks cannot exchange their stream positions without risking a deadlock, and a stream's position is per"
-    " rank. Resume from a checkpoint written during training (ModelCheckpoint)"
-)
-
-
-def _partial_accumulation(trainer: pl.Trainer, batches: int, complete: bool) -> PartialAccumulation | None:
-    """The mark of a save inside a gradient accumulation window, or ``None``.
-
-    Lightning steps the optimizer after every ``accumulate_grad_batches``-th batch of an epoch and
-    after its last one; batches since the last step live only in the gradients, which no checkpoint
-    holds, so a resume from here cannot be exact.
-    """
-    window = int(trainer.accumulate_grad_batches)
-    accumulated = 0 if complete else batches % window
-    return PartialAccumulation(accumulated, window, batches) if accumulated else None
-
-
-def _refuse_partial_accumulation(partial: PartialAccumulation | None) -> None:
-    if partial is None:
-        return
-    raise PartialAccumulationError(
-        f"the checkpoint was saved after batch {partial.batches} of its epoch, inside a gradient accumulation"
-        f" window: {partial.accumulated} of accumulate_grad_batches={partial.window} batches had been"
-        " accumulated without an optimizer step. Lightning does not save accumulated gradients, so the resumed"
-        " run would step without them and its losses would differ from an uninterrupted run's. Resume from a"
-        " checkpoint saved at an accumulation boundary (ModelCheckpoint(every_n_train_steps=...) saves there)"
-    )
-
+from lightning_resumable.streams import StreamLoader
 
 __all__ = ["ResumableDataCallback"]
 
@@ -301,17 +120,9 @@ class ResumableDataCallback(pl.Callback):
         self.audit_dir = audit_dir
         self._audit: AuditLog | None = None
         self._trainer: pl.Trainer | None = None
-        # What the callback owns once train_dataloader() has run: map-style loaders by key (None for
-        # a single loader), with the CombinedLoader mode when there are several; or one stream.
-        self._loaders: dict[str | None, _SampledLoader] = {}
-        self._mode: str | None = None
-        self._stream: StreamLoader | None = None
-        # (epoch, batches) a restored stream resumes at; no batch count for a fresh epoch
-        self._stream_start: tuple[int, int | None] | None = None
-        # A restored state not yet applied to a loader.
-        self._pending: _Restored | None = None
+        self._owner: Owner | None = None  # picked when train_dataloader() hands the loaders over
+        self._pending: Body | None = None  # a restored state not yet applied to a loader
         self._seed: int | None = None
-        self._resized_epoch: int | None = None
         # Where the data resumes: (epoch, index of the first batch this process trains), checked against
         # Lightning's batch_idx at the first batch. Lightning 2.6 can number a resumed epoch's batches
         # from 0 (a resume from a checkpoint written after an earlier resume from an epoch's end) or
@@ -319,24 +130,26 @@ class ResumableDataCallback(pl.Callback):
         # then counts the epoch's batches itself: (epoch, offset) added to Lightning's count.
         self._first_batch: tuple[int, int] | None = None
         self._batch_index_offset: tuple[int, int] | None = None
-        # Preemption signals, held from the train start to its end and acted on where ranks are in step.
-        self._signals: DeferredSignals | None = None
+        self._preemption = HeldPreemption()
 
     @property
+    @override
     def state_key(self) -> str:
         return STATE_KEY
 
     @property
     def sampler(self) -> ResumableSampler | None:
         """The train sampler this callback persists (the first, with several loaders), once built."""
-        return next(iter(self._loaders.values())).sampler if self._loaders else None
+        if isinstance(self._owner, LoaderOwner):
+            return self._owner.sampler
+        if isinstance(self._owner, LoadersOwner):
+            return next(iter(self._owner.owned.values())).sampler
+        return None
 
     # ------------------------------------------------------------------- building the loader
     def shuffle_seed(self, trainer: pl.Trainer) -> int:
         """The run's shuffle seed: the checkpoint's, else ``seed_everything``'s, else drawn once by rank 0."""
-        if isinstance(self._pending, LoaderState):
-            return self._pending.state.seed
-        if isinstance(self._pending, (LoadersState, StreamState)):
+        if self._pending is not None:
             return self._pending.seed
         if self._seed is None:
             global_seed = os.environ.get("PL_GLOBAL_SEED")
@@ -347,54 +160,32 @@ class ResumableDataCallback(pl.Callback):
                 self._seed = int(trainer.strategy.broadcast(drawn, src=0))
         return self._seed
 
-    def _take_pending(self, kind: type) -> Any:
-        restored, self._pending = self._pending, None
-        if restored is not None and not isinstance(restored, kind):
-            raise IncompatibleStateError(
-                f"the checkpoint holds the state of {_what(restored)}, but train_dataloader() now returns"
-                f" {'a stream' if kind is StreamState else 'map-style loaders of another layout'}"
-            )
-        return restored
-
     def attach(self, loader: DataLoader[Any], current_epoch: int) -> None:
-        """Take ownership of ``loader`` before it is iterated: check the pass-through contract, apply a
-        restored state (the sampler's and the dataset's) once, or else select the trainer's current
-        epoch (a loader reloaded mid-run may be iterated, with prefetching workers, before Lightning's
-        ``set_epoch``). ``loader`` is a map-style loader with a `ResumableSampler` or a
-        `StreamLoader`."""
+        """Take ownership of ``loader`` (a map-style loader with a `ResumableSampler`, or a `StreamLoader`)
+        before it is iterated: apply a restored state once, or else select the trainer's current epoch
+        (a loader reloaded mid-run may be iterated, with prefetching workers, before Lightning's ``set_epoch``)."""
         if isinstance(loader, StreamLoader):
-            self._attach_stream(loader, current_epoch)
-            return
-        owned = _SampledLoader(loader, key=None)
-        self._loaders, self._mode = {None: owned}, None
-        restored: LoaderState | None = self._take_pending(LoaderState)
-        if restored is None:
-            owned.sampler.set_epoch(current_epoch)
-            return
-        self._check_world_size(restored.state, owned.sampler.num_replicas, elastic=True)
-        owned.restore(restored, self.verify)
-        self._seed = restored.state.seed
+            trainer = self._trainer
+            rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+            self._take(StreamOwner(loader, rank, world_size), current_epoch)
+        else:
+            self._take(LoaderOwner(loader), current_epoch)
 
     def attach_several(self, loaders: Mapping[str, DataLoader[Any]], mode: str, current_epoch: int) -> None:
         """Take ownership of several map-style loaders, by key, that a ``CombinedLoader`` in ``mode`` iterates."""
-        owned = {key: _SampledLoader(loader, key) for key, loader in loaders.items()}
-        self._loaders, self._mode = {key: each for key, each in owned.items()}, mode
-        restored: LoadersState | None = self._take_pending(LoadersState)
+        assert self._trainer is not None
+        self._take(LoadersOwner(loaders, mode, self.shuffle_seed(self._trainer)), current_epoch)
+
+    def _take(self, owner: Owner, current_epoch: int) -> None:
+        self._owner, restored, self._pending = owner, self._pending, None
         if restored is None:
-            for each in owned.values():
-                each.sampler.set_epoch(current_epoch)
+            owner.start_fresh(current_epoch)
             return
-        if restored.mode != mode or set(restored.loaders) != set(owned):
-            raise IncompatibleStateError(
-                f"the checkpoint holds train loaders {sorted(restored.loaders)} in {restored.mode} mode; now they are"
-                f" {sorted(owned)} in {mode} mode"
-            )
-        for key in sorted(owned):
-            self._check_world_size(restored.loaders[key].state, owned[key].sampler.num_replicas, elastic=False)
-            owned[key].restore(restored.loaders[key], self.verify)
+        owner.restore(restored, current_epoch, self.verify, self._check_world_size)
         self._seed = restored.seed
 
     def _check_world_size(self, saved: DataState, world_size: int, elastic: bool) -> None:
+        """The world-size policy: an elastic resume is logged, or refused where it cannot be exact."""
         if saved.world_size == world_size:
             return
         message = (
@@ -406,89 +197,43 @@ class ResumableDataCallback(pl.Callback):
         if not self.allow_world_size_change:
             raise WorldSizeChangedError(message + "; ResumableDataCallback(allow_world_size_change=False)")
         rank_zero_info(f"lightning_resumable: {message}; the rest of the epoch is split across the new ranks")
-        self._resized_epoch = saved.epoch
-
-    def _attach_stream(self, loader: StreamLoader, current_epoch: int) -> None:
-        check_contract(loader, owned=(loader.dataset,))
-        self._stream, self._loaders, self._mode = loader, {}, None
-        restored: StreamState | None = self._take_pending(StreamState)
-        if restored is None:
-            return
-        self._seed = restored.seed
-        trainer = self._trainer
-        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        state = state_for_rank(restored, rank, world_size, loader.num_workers)  # refuses another layout
-        if restored.finished:  # every rank had read its whole stream: the resume starts the next epoch
-            loader.start_epoch(restored.epoch + 1)
-            self._stream_start = (restored.epoch + 1, None)
-        elif restored.epoch == current_epoch:
-            loader.restore(state, restored.batches)
-            self._stream_start = (restored.epoch, restored.batches)
-        else:
-            raise IncompatibleStateError(
-                f"the stream state resumes epoch {restored.epoch} after {restored.batches} batches, but the trainer"
-                f" resumes epoch {current_epoch}"
-            )
 
     # ----------------------------------------------------------------------------- persisting
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer
         silence_not_resumable_warning()
         if stage == TrainerFn.FITTING:
             # Each fit builds its train loader anew (a second fit on the same trainer too): forget the last one's.
-            self._loaders, self._mode, self._stream, self._stream_start = {}, None, None, None
-            self._pending, self._resized_epoch, self._first_batch, self._batch_index_offset = None, None, None, None
+            self._owner, self._pending, self._first_batch, self._batch_index_offset = None, None, None, None
 
+    @override
     def state_dict(self) -> dict[str, Any]:
-        """The data state; collective (every rank's fingerprint and stream state are gathered, because
-        only rank 0 writes the file).
-
-        One loader: ``{"train": DataState, "next_batch": one [ids, content] fingerprint per rank,
-        "dataset": its own state, if it has one}``. Several: ``{"seed", "mode", "loaders": {key: the
-        same}}``. A stream: ``{"stream": StreamState}``.
-        """
+        """The data state in its envelope (`lightning_resumable.format`); collective during training
+        (every rank's fingerprint and stream state are gathered: only rank 0 writes the file), not
+        on an exception or signal path."""
         trainer = self._trainer
-        if trainer is None or (not self._loaders and self._stream is None):
+        if trainer is None or self._owner is None:
             # Nothing trained yet in this process: keep a restored state that was not applied.
             return Envelope(self._pending).to_dict() if self._pending is not None else {}
         batches = self._epoch_batch_index(trainer, batches_processed(trainer))
-        collective = not saving_off_the_training_path(trainer)
-        if self._stream is not None:
-            if not collective:
-                return Envelope(None, reason=_STREAM_OFF_PATH).to_dict()
-            stream = self._save_stream(trainer, self._stream, batches)
-            return Envelope(
-                stream, partial_accumulation=_partial_accumulation(trainer, batches, stream.finished)
-            ).to_dict()
-        complete = batches >= trainer.num_training_batches
-        rank = trainer.global_rank
-        if self._mode is None:
-            body: _Restored = self._loaders[None].save(batches, complete, None, self.verify, rank, collective)
-            return Envelope(body, partial_accumulation=_partial_accumulation(trainer, batches, complete)).to_dict()
-        saved = {}
-        for key in sorted(k for k in self._loaders if k is not None):  # the same order on every rank
-            owned = self._loaders[key]
-            cycle, loader_batches = loader_position(self._mode, batches, len(owned.loader))
-            saved[key] = owned.save(loader_batches, complete, cycle, self.verify, rank, collective)
-        body = LoadersState(self.shuffle_seed(trainer), self._mode, saved)
-        return Envelope(body, partial_accumulation=_partial_accumulation(trainer, batches, complete)).to_dict()
-
-    def _save_stream(self, trainer: pl.Trainer, loader: StreamLoader, batches: int) -> StreamState:
-        check_contract(loader, owned=(loader.dataset,))
-        state = loader.state_after(batches)
-        ranks = all_gather_objects(state)
-        return StreamState(
+        at = SavePoint(
             seed=self.shuffle_seed(trainer),
             epoch=trainer.current_epoch,
             batches=batches,
+            complete=batches >= trainer.num_training_batches,
+            rank=trainer.global_rank,
             world_size=trainer.world_size,
-            num_workers=loader.num_workers,
-            global_position=bool(getattr(loader.dataset, GLOBAL_POSITION_ATTRIBUTE, False)),
-            finished=all(loader_state_finished(each) for each in ranks),
-            ranks=ranks,
-            torchdata=torchdata_version(),
+            collective=not saving_off_the_training_path(trainer),
+            verify=self.verify,
         )
+        saved = self._owner.save(at)
+        if isinstance(saved, str):
+            return Envelope(None, reason=saved).to_dict()
+        complete = saved.finished if isinstance(saved, StreamState) else at.complete
+        return Envelope(saved, partial_accumulation=_partial_accumulation(trainer, batches, complete)).to_dict()
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the checkpoint's data state for the train loader about to be built; only when fitting.
 
@@ -501,13 +246,14 @@ class ResumableDataCallback(pl.Callback):
         if envelope.state is None:
             raise MissingStateError(f"the checkpoint holds no resumable data state: {envelope.reason}")
         _refuse_partial_accumulation(envelope.partial_accumulation)
-        if self._loaders or self._stream is not None:
+        if self._owner is not None:
             raise LateRestoreError(
                 "the data state was restored after the train loader was built (the strategy restores"
                 " checkpoints after setup); the stream cannot be repositioned exactly"
             )
         self._pending = envelope.state
 
+    @override
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
@@ -519,16 +265,58 @@ class ResumableDataCallback(pl.Callback):
                 " position of the train stream is unknown. Resume from a checkpoint written with the callback"
             )
 
+    # ------------------------------------------------------------------------------ training
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._owner is None:
+            raise MissingCallbackError(
+                "ResumableDataCallback found no resumable train loader: make the datamodule a"
+                " ResumableDataModule (class MyData(ResumableDataModule, L.LightningDataModule))"
+            )
+        first = self._owner.start(trainer, batches_processed(trainer))  # refuses another place; verifies
+        self._first_batch = (trainer.current_epoch, first)
+        self._preemption.hold(trainer)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        batch_idx = self._first_batch_index(trainer, batch_idx)
+        if self.seed_steps and self._seed is not None:
+            seed_training_step(self._seed, trainer.current_epoch, batch_idx)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.audit_dir is not None and self._owner is not None:
+            if self._audit is None:
+                self._audit = AuditLog(self.audit_dir, trainer.global_rank)
+            epoch_batch_idx = self._epoch_batch_index(trainer, batch_idx)
+            self._audit.write(trainer.current_epoch, epoch_batch_idx, self._owner.trained_ids(batch, epoch_batch_idx))
+        self._preemption.act(trainer)  # every rank is here, at the same batch
+
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._resized_epoch == trainer.current_epoch:
-            # The epoch resumed on a new world size is over; count the next ones on the new size.
-            self._resized_epoch = None
-            rebuild_train_loader_at_next_epoch(trainer)
-        elif any(owned.next_epoch_differs_in_length(trainer.current_epoch) for owned in self._loaders.values()):
-            # A batch sampler's epochs may hold different numbers of batches: Lightning counts them
-            # once per loader build.
+        if self._owner is not None and self._owner.rebuild_at_epoch_end(trainer.current_epoch):
             rebuild_train_loader_at_next_epoch(trainer)
 
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._preemption.release(trainer)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._preemption.release(trainer)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._preemption.release(trainer)
+        if self._audit is not None:
+            self._audit.close()
+            self._audit = None
+
+    # ------------------------------------------------------------------------ batch counting
     def _first_batch_index(self, trainer: pl.Trainer, batch_idx: int) -> int:
         """At each batch's start: Lightning's ``batch_idx``, checked against the data at the first batch."""
         if self._first_batch is not None:
@@ -549,93 +337,26 @@ class ResumableDataCallback(pl.Callback):
             return batch_idx + self._batch_index_offset[1]
         return batch_idx
 
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        batch_idx = self._first_batch_index(trainer, batch_idx)
-        if self.seed_steps and self._seed is not None:
-            seed_training_step(self._seed, trainer.current_epoch, batch_idx)
 
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if self.audit_dir is not None:
-            if self._audit is None:
-                self._audit = AuditLog(self.audit_dir, trainer.global_rank)
-            epoch_batch_idx = self._epoch_batch_index(trainer, batch_idx)
-            self._audit.write(trainer.current_epoch, epoch_batch_idx, self._trained_ids(batch, epoch_batch_idx))
-        if self._signals is not None:  # every rank is here, at the same batch: act on a preemption signal
-            received_here = self._signals.received
-            for signum in sorted(self._signals.agree(trainer.strategy.root_device)):
-                handle_preemption_signal(trainer, signum, signum in received_here, self._signals.previous(signum))
+def _partial_accumulation(trainer: pl.Trainer, batches: int, complete: bool) -> PartialAccumulation | None:
+    """The mark of a save inside a gradient accumulation window, or ``None``.
 
-    # ----------------------------------------------------------------------------- preemption
-    def _hold_signals(self, trainer: pl.Trainer) -> None:
-        """Under DDP, record Lightning's preemption signals while the train loop runs (see `signals`)."""
-        if trainer.world_size > 1 and self._signals is None:
-            signals = DeferredSignals(preemption_signals(trainer))
-            if signals.install():
-                self._signals = signals
+    Lightning steps the optimizer after every ``accumulate_grad_batches``-th batch of an epoch and
+    after its last one; batches since the last step live only in the gradients, which no checkpoint
+    holds, so a resume from here cannot be exact.
+    """
+    window = int(trainer.accumulate_grad_batches)
+    accumulated = 0 if complete else batches % window
+    return PartialAccumulation(accumulated, window, batches) if accumulated else None
 
-    def _release_signals(self, trainer: pl.Trainer) -> None:
-        """Give the signals back to Lightning; one received after the last batch only marks a SIGTERM
-        (the fit is ending: no rank waits for the others any more)."""
-        if self._signals is None:
-            return
-        signals, self._signals = self._signals, None
-        for signum in signals.uninstall():
-            rank_zero_info(f"signal {signum} arrived after the last training batch; the fit ends as it would")
-            if signum == signal.SIGTERM:
-                handle_preemption_signal(trainer, signum, True, signals.previous(signum))
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._release_signals(trainer)
-
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._release_signals(trainer)
-
-    def _trained_ids(self, batch: Any, batch_idx: int) -> Any:
-        """What the audit log records of a step: dataset indices; ``{key: indices}`` for several loaders;
-        a digest of the batch for a stream, whose samples have no index."""
-        if self._stream is not None:
-            return digest_of(batch)
-        if self._mode is None:
-            return self._loaders[None].sampler.batch_indices(batch_idx)
-        ids: dict[str, list[int] | None] = {}
-        for key, owned in self._loaders.items():
-            assert key is not None
-            length = len(owned.loader)
-            _, loader_batch = loader_position(self._mode, batch_idx, length)
-            ids[key] = None if loader_batch >= length else owned.sampler.batch_indices(loader_batch)
-        return ids
-
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._release_signals(trainer)
-        if self._audit is not None:
-            self._audit.close()
-            self._audit = None
-
-    # ---------------------------------------------------------------------------- verifying
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not self._loaders and self._stream is None:
-            raise MissingCallbackError(
-                "ResumableDataCallback found no resumable train loader: make the datamodule a"
-                " ResumableDataModule (class MyData(ResumableDataModule, L.LightningDataModule))"
-            )
-        batches = batches_processed(trainer)
-        first = 0  # the index of the first batch this process trains, by the data
-        if self._stream_start is not None:
-            (epoch, stream_batches), self._stream_start = self._stream_start, None
-            if epoch != trainer.current_epoch or stream_batches not in (None, batches):
-                raise IncompatibleStateError(
-                    f"the stream state resumes epoch {epoch} after {stream_batches or 0} batches but the trainer"
-                    f" resumes epoch {trainer.current_epoch} after {batches}"
-                )
-            first = stream_batches or 0
-        for owned in self._loaders.values():
-            expected = (0, batches) if self._mode is None else loader_position(self._mode, batches, len(owned.loader))
-            owned.check_start(trainer, expected)
-            _, _, origin_batches = owned.sampler.origin
-            first = max(first, owned.sampler.cycle * len(owned.loader) + origin_batches)
-        self._first_batch = (trainer.current_epoch, first)
-        self._hold_signals(trainer)
+def _refuse_partial_accumulation(partial: PartialAccumulation | None) -> None:
+    if partial is None:
+        return
+    raise PartialAccumulationError(
+        f"the checkpoint was saved after batch {partial.batches} of its epoch, inside a gradient accumulation"
+        f" window: {partial.accumulated} of accumulate_grad_batches={partial.window} batches had been"
+        " accumulated without an optimizer step. Lightning does not save accumulated gradients, so the resumed"
+        " run would step without them and its losses would differ from an uninterrupted run's. Resume from a"
+        " checkpoint saved at an accumulation boundary (ModelCheckpoint(every_n_train_steps=...) saves there)"
+    )

@@ -351,7 +351,14 @@ class ResumableSampler(DistributedSampler[Any]):
             StateFormatError: the state is malformed.
             IncompatibleStateError: dataset size, shuffle, drop_last or batch size differ.
         """
-        saved = DataState.from_dict(state)
+        self.restore(DataState.from_dict(state))
+
+    def restore(self, saved: DataState) -> None:
+        """`load_state_dict` of a parsed state.
+
+        Raises:
+            IncompatibleStateError: dataset size, shuffle, drop_last, batch size or draws differ.
+        """
         saved.check_same_data(self.data_state())
         self.seed = saved.seed
         self.epoch = saved.epoch

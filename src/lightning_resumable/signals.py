@@ -24,10 +24,14 @@ from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
+from lightning.pytorch.utilities import rank_zero_info
 
-__all__ = ["DeferredSignals"]
+from lightning_resumable._lightning import handle_preemption_signal, preemption_signals
+
+__all__ = ["DeferredSignals", "HeldPreemption"]
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
@@ -86,3 +90,36 @@ class DeferredSignals:
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return {signum for signum, flag in zip(self.signums, flags.tolist(), strict=True) if flag}
+
+
+class HeldPreemption:
+    """Lightning's preemption signals, held from the train start to its end under DDP and acted on at
+    the end of a batch, on every rank at once (`DeferredSignals`; what acting means: `_lightning`)."""
+
+    def __init__(self) -> None:
+        self._signals: DeferredSignals | None = None
+
+    def hold(self, trainer: pl.Trainer) -> None:
+        if trainer.world_size > 1 and self._signals is None:
+            signals = DeferredSignals(preemption_signals(trainer))
+            if signals.install():
+                self._signals = signals
+
+    def act(self, trainer: pl.Trainer) -> None:
+        """At the end of a training batch, where every rank is (collective when held)."""
+        if self._signals is None:
+            return
+        received_here = self._signals.received
+        for signum in sorted(self._signals.agree(trainer.strategy.root_device)):
+            handle_preemption_signal(trainer, signum, signum in received_here, self._signals.previous(signum))
+
+    def release(self, trainer: pl.Trainer) -> None:
+        """Give the signals back to Lightning; one received after the last batch only marks a SIGTERM
+        (the fit is ending: no rank waits for the others any more)."""
+        if self._signals is None:
+            return
+        signals, self._signals = self._signals, None
+        for signum in signals.uninstall():
+            rank_zero_info(f"signal {signum} arrived after the last training batch; the fit ends as it would")
+            if signum == signal.SIGTERM:
+                handle_preemption_signal(trainer, signum, True, signals.previous(signum))
