@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 
 import torch
 
@@ -52,5 +53,49 @@ def test_a_forked_worker_survives_the_first_signal_and_dies_of_the_second() -> N
         _, status = os.waitpid(child, 0)
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
         assert signals.received == frozenset()  # a worker's signal is not the rank's
+    finally:
+        signals.uninstall()
+
+
+def run_worker_and_signal_it_twice(init: bool) -> tuple[bool, int]:
+    """Fork a worker as torch starts one (its own SIGTERM handler), optionally run `LeaveSigtermToRank`;
+    signal it once, from another process than its parent (as a scheduler does): whether it survived;
+    then again: the signal that ended it."""
+    from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
+
+    from lightning_resumable.signals import LeaveSigtermToRank
+
+    ready, handled = os.pipe(), os.pipe()
+    child = os.fork()
+    if child == 0:
+        _set_worker_signal_handlers()  # what torch's _worker_loop does first
+        if init:
+            LeaveSigtermToRank(None)(0)
+        os.write(ready[1], b"r")
+        while signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            signal.sigtimedwait([], 0.01)
+        os.write(handled[1], b"h")
+        signal.pause()
+        os._exit(3)
+    os.close(ready[1])
+    os.close(handled[1])
+    assert os.read(ready[0], 1) == b"r"
+    scheduler = ["kill", "-s", "TERM", str(child)]  # torch's handler exits quietly on its parent's SIGTERM
+    subprocess.run(scheduler, check=True)
+    survived = os.read(handled[0], 1) == b"h"
+    if survived:
+        subprocess.run(scheduler, check=True)
+    _, status = os.waitpid(child, 0)
+    return survived, os.WTERMSIG(status) if os.WIFSIGNALED(status) else -os.WEXITSTATUS(status)
+
+
+def test_a_loader_worker_leaves_a_group_sigterm_to_its_rank_while_the_rank_holds_it() -> None:
+    """Torch's worker handler ends a worker on a SIGTERM not from its parent, and its rank then fails
+    with "worker killed by signal" mid-save; with the library's worker_init_fn the first one passes."""
+    signals = DeferredSignals([signal.SIGTERM])
+    assert signals.install()
+    try:
+        assert run_worker_and_signal_it_twice(init=True) == (True, signal.SIGTERM)
+        assert run_worker_and_signal_it_twice(init=False) == (False, signal.SIGTERM)
     finally:
         signals.uninstall()

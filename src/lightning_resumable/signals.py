@@ -12,7 +12,10 @@ signal. At the end of each training batch, where every rank is in step, the rank
 all-reduce on what any of them received, and all act on it at the same step. A worker process forked
 meanwhile inherits the recording handler: there it lets the first signal pass and puts the default
 back, so a SIGTERM to the whole process group leaves the loader workers to their rank (which retires
-them), while a second one (torch's ``terminate`` of a stuck worker) still ends the worker.
+them), while a second one (torch's ``terminate`` of a stuck worker) still ends the worker. Torch
+installs its own SIGTERM handler when a worker starts (one that ends the worker on a signal not from
+its parent, so that its rank then fails with "worker killed by signal"); `LeaveSigtermToRank`, the
+worker_init_fn of the loaders the library builds, hands SIGTERM back to the inherited handler.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_resumable._lightning import handle_preemption_signal, preemption_signals
 
-__all__ = ["DeferredSignals", "HeldPreemption"]
+__all__ = ["DeferredSignals", "HeldPreemption", "LeaveSigtermToRank"]
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
@@ -123,3 +126,19 @@ class HeldPreemption:
             rank_zero_info(f"signal {signum} arrived after the last training batch; the fit ends as it would")
             if signum == signal.SIGTERM:
                 handle_preemption_signal(trainer, signum, True, signals.previous(signum))
+
+
+class LeaveSigtermToRank:
+    """A loader's ``worker_init_fn``, wrapping the user's: in a worker whose rank holds SIGTERM (its
+    inherited handler is a `DeferredSignals` one), SIGTERM goes back to that handler, which lets the
+    first pass; then the user's function runs. Picklable when the user's function is."""
+
+    def __init__(self, user: Callable[[int], Any] | None) -> None:
+        self.user = user
+
+    def __call__(self, worker_id: int) -> None:
+        inherited = signal.getsignal(signal.SIGTERM)  # Python's table: torch set its handler in C
+        if isinstance(getattr(inherited, "__self__", None), DeferredSignals):
+            signal.signal(signal.SIGTERM, inherited)
+        if self.user is not None:
+            self.user(worker_id)

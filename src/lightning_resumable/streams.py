@@ -39,7 +39,12 @@ from lightning_resumable.errors import (
     WorldSizeChangedError,
 )
 from lightning_resumable.format import GLOBAL_POSITION_ATTRIBUTE, StreamState, torchdata_release, torchdata_version
-from lightning_resumable.workers import garbage_collector_paused, retire, warn_once_on_affected_python
+from lightning_resumable.workers import (
+    garbage_collector_paused,
+    leave_sigterm_to_rank,
+    retire,
+    warn_once_on_affected_python,
+)
 
 __all__ = [
     "GLOBAL_POSITION_ATTRIBUTE",
@@ -167,6 +172,7 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
                 retire(previous)
             del previous
         warn_once_on_affected_python(self)
+        leave_sigterm_to_rank(self)
         with garbage_collector_paused():
             iterator = super().__iter__()
         return self._recording(iterator)

@@ -28,6 +28,8 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
+from lightning_resumable.signals import LeaveSigtermToRank
+
 __all__ = [
     "FORK_DEADLOCK_FIXED_IN",
     "RetiringLoader",
@@ -113,10 +115,17 @@ def _iterator_after_retiring(loader: DataLoader[Any], make: Callable[[], Any]) -
         retire(previous)
         del previous
     warn_once_on_affected_python(loader)
+    leave_sigterm_to_rank(loader)
     with garbage_collector_paused():
         iterator = make()
     loader._previous_iterator = iterator
     return iterator
+
+
+def leave_sigterm_to_rank(loader: DataLoader[Any]) -> None:
+    """Let ``loader``'s workers leave a SIGTERM to their rank while it holds one (`signals.LeaveSigtermToRank`)."""
+    if not isinstance(loader.worker_init_fn, LeaveSigtermToRank):
+        loader.worker_init_fn = LeaveSigtermToRank(loader.worker_init_fn)
 
 
 class RetiringLoader(DataLoader[Any]):

@@ -49,11 +49,30 @@ def launch(
         )
 
 
-def kill_tree(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL every process left in the launch's group (ranks, workers, orphans), then reap the launch."""
+def living_members(group: int) -> list[int]:
+    """The processes of process group ``group`` that are alive (not zombies), from ``/proc``."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (command)": state, ppid, pgrp...
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def kill_tree(process: subprocess.Popen[bytes], settle_s: float = 10.0) -> None:
+    """SIGKILL every process left in the launch's group (ranks, workers, orphans), reap the launch, and
+    return once none of them runs any more (a SIGKILL is delivered asynchronously; on a busy machine a
+    process may still run for a moment after ``killpg`` returns)."""
     with contextlib.suppress(ProcessLookupError):  # the whole group has exited
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+    deadline = time.monotonic() + settle_s
+    while (left := living_members(process.pid)) and time.monotonic() < deadline:
+        time.sleep(0.01)  # polling /proc until the kernel has ended them, not waiting out a race
+    assert not left, f"processes {left} of the killed tree still run {settle_s:.0f} s after SIGKILL"
 
 
 def _stacks(directory: Path) -> str:
