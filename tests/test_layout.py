@@ -1,0 +1,47 @@
+"""The package's shape: no circular imports, the core free of Lightning, modules of a readable size."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import lightning_resumable
+
+PACKAGE = Path(lightning_resumable.__file__).parent
+CORE = {
+    *("_keys", "order", "draws", "batches", "state", "sampler"),
+    *("randomness", "format", "verification", "contract", "errors"),
+}
+IMPORT = re.compile(r"^\s*from lightning_resumable(?:\.(\w+))? import (\w+)", re.MULTILINE)
+MODULES = {path.stem for path in PACKAGE.glob("*.py")}
+
+
+def imports() -> dict[str, set[str]]:
+    graph = {}
+    for path in PACKAGE.glob("*.py"):
+        text = path.read_text().split("if TYPE_CHECKING:")[0]  # type-only imports do not run
+        graph[path.stem] = {module or name for module, name in IMPORT.findall(text) if (module or name) in MODULES}
+        graph[path.stem].discard(path.stem)
+    return graph
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    graph = imports()
+
+    def reaches(start: str, target: str, seen: set[str]) -> bool:
+        return any(d == target or (d not in seen and reaches(d, target, seen | {d})) for d in graph[start])
+
+    assert [module for module in graph if reaches(module, module, set())] == []
+
+
+def test_the_core_imports_neither_lightning_nor_the_other_layers() -> None:
+    graph = imports()
+    for module in CORE:
+        text = (PACKAGE / f"{module}.py").read_text()
+        assert not re.search(r"^\s*(from|import) lightning\b", text, re.MULTILINE), module
+        assert graph[module] <= CORE, (module, graph[module] - CORE)
+
+
+def test_no_module_is_much_over_350_lines() -> None:
+    lengths = {path.name: len(path.read_text().splitlines()) for path in PACKAGE.glob("*.py")}
+    assert {name: length for name, length in lengths.items() if length > 400} == {}
