@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, WeightedRando
 import lightning_resumable
 from lightning_resumable import ResumableDataCallback, ResumableDataModule
 
-from .test_callback import SaveAtStep  # used only to write fixtures, never to check them
+from .helpers import SaveAtStep  # used only to write fixtures, never to check them
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SEED = 2026

@@ -13,7 +13,7 @@ import torch
 from lightning_resumable import ResumableDataCallback
 from lightning_resumable.audit import first_divergence, read_audit
 
-from .test_callback import Data, SaveAtStep, trainer
+from .helpers import Data, SaveAtStep, trainer
 from .test_several_loaders import Several
 
 

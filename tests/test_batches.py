@@ -15,7 +15,6 @@ from torch.utils.data import DataLoader
 from lightning_resumable import (
     IncompatibleStateError,
     ResumableBatchSampler,
-    ResumableDataCallback,
     ResumableDataModule,
     ResumableSampler,
     UnsupportedLoaderError,
@@ -23,7 +22,7 @@ from lightning_resumable import (
 from lightning_resumable.batches import BatchDraws
 from lightning_resumable.loader import make_resumable
 
-from .test_callback import Model, SaveAtStep, trainer
+from .helpers import Model, assert_resumes_exactly
 
 
 class Growing(ResumableBatchSampler):
@@ -110,7 +109,7 @@ class GrowingData(ResumableDataModule, L.LightningDataModule):
 
 class Recording(Model):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        self.seen = [*getattr(self, "seen", []), (self.current_epoch, batch.flatten().int().tolist())]
+        self.seen.append((self.current_epoch, batch.flatten().int().tolist()))
         return self.layer(batch).mean()
 
 
@@ -118,12 +117,5 @@ def test_epochs_of_different_lengths_are_trained_whole_and_resume_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PL_GLOBAL_SEED", "3")  # the same order in every run, as seed_everything gives
-    full = Recording()
-    trainer(tmp_path, [ResumableDataCallback()], max_epochs=3).fit(full, GrowingData())
-    assert [sum(epoch == e for epoch, _ in full.seen) for e in range(3)] == [6, 4, 6]
-    path = tmp_path / "growing.ckpt"
-
-    trainer(tmp_path, [ResumableDataCallback(), SaveAtStep(8, path)], max_epochs=3).fit(Recording(), GrowingData())
-    resumed = Recording()
-    trainer(tmp_path, [ResumableDataCallback()], max_epochs=3).fit(resumed, GrowingData(), ckpt_path=path)
-    assert resumed.seen == full.seen[8:]
+    full = assert_resumes_exactly(tmp_path, Recording, GrowingData, stop=8, max_epochs=3)
+    assert [sum(epoch == e for epoch, _ in full) for e in range(3)] == [6, 4, 6]

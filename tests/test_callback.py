@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -20,62 +19,7 @@ from lightning_resumable import (
     WorldSizeChangedError,
 )
 
-
-class Model(L.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self.layer(batch[0]).mean()
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-class PlainData(L.LightningDataModule):
-    def __init__(self, size: int = 16) -> None:
-        super().__init__()
-        self.size = size
-
-    def train_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(TensorDataset(torch.arange(self.size).float().unsqueeze(1)), batch_size=2, shuffle=True)
-
-
-class Data(ResumableDataModule, PlainData):
-    def train_dataloader(self) -> DataLoader[Any]:
-        return super().train_dataloader()
-
-
-def trainer(tmp_path: Path, callbacks: list[L.Callback], **kwargs: Any) -> L.Trainer:
-    options: dict[str, Any] = dict(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    )
-    return L.Trainer(callbacks=callbacks, **{**options, **kwargs})
-
-
-class SaveAtStep(L.Callback):
-    """Saves a checkpoint to ``path`` when the trainer has done ``step`` optimizer steps; training goes on."""
-
-    def __init__(self, step: int, path: Path) -> None:
-        self.step, self.path = step, path
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.global_step == self.step:
-            trainer.save_checkpoint(self.path)
-
-
-def checkpoint_with_callback(tmp_path: Path, *extra: L.Callback) -> Path:
-    path = tmp_path / "mid.ckpt"
-    trainer(tmp_path, [ResumableDataCallback(), SaveAtStep(3, path), *extra], max_epochs=2).fit(Model(), Data())
-    return path
+from .helpers import Data, Model, PlainData, assert_resumes_exactly, checkpoint_with_callback, trainer
 
 
 def test_mixin_without_callback_is_refused(tmp_path: Path) -> None:
@@ -149,18 +93,8 @@ def test_data_state_disagreeing_with_trainer_progress_is_refused(tmp_path: Path)
 def test_single_process_resume_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fast in-process check of the whole path; the DDP matrix is in tests/e2e."""
     monkeypatch.setenv("PL_GLOBAL_SEED", "3")
-    seen: list[list[float]] = []
-
-    class Record(L.Callback):
-        def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, i: int) -> None:
-            seen.append(batch[0].flatten().tolist())
-
-    trainer(tmp_path, [ResumableDataCallback(), Record()], max_epochs=2).fit(Model(), Data())
-    full, seen[:] = list(seen), []
-    path = checkpoint_with_callback(tmp_path, Record())
-    before, seen[:] = seen[:3], []
-    trainer(tmp_path, [ResumableDataCallback(), Record()], max_epochs=2).fit(Model(), Data(), ckpt_path=path)
-    assert before + seen == full
+    full = assert_resumes_exactly(tmp_path, Model, Data, stop=3, max_epochs=2)
+    assert len(full) == 16
 
 
 def test_a_loader_built_mid_run_starts_at_the_trainers_epoch() -> None:

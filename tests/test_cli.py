@@ -13,7 +13,7 @@ import torch
 from lightning_resumable.cli import main, summarise
 from lightning_resumable.format import StreamState
 
-from .test_callback import checkpoint_with_callback
+from .helpers import checkpoint_with_callback
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from lightning_resumable import (
 from lightning_resumable.contract import check_contract, pipeline
 from lightning_resumable.loader import make_resumable
 
-from .test_callback import Model, SaveAtStep, trainer
+from .helpers import Model, SaveAtStep, trainer
 
 
 class Curriculum(Dataset[torch.Tensor]):

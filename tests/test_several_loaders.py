@@ -19,7 +19,7 @@ from lightning_resumable import (
     UnsupportedLoaderError,
 )
 
-from .test_callback import Data, SaveAtStep, trainer
+from .helpers import Data, SaveAtStep, assert_resumes_exactly, trainer
 
 
 def ids(size: int, offset: int) -> TensorDataset:
@@ -58,14 +58,7 @@ class Model(L.LightningModule):
 def test_a_combined_loader_resumes_exactly(tmp_path: Path, mode: str, stop: int) -> None:
     """The short loader has 3 batches: the stops fall in its first cycle and exactly at its restart."""
     L.seed_everything(11)  # the run's seed: the resume takes it from the checkpoint
-    full = Model()
-    trainer(tmp_path, [ResumableDataCallback()], max_epochs=2).fit(full, Several(mode=mode))
-    path = tmp_path / "mid.ckpt"
-    stopped = Model()
-    trainer(tmp_path, [ResumableDataCallback(), SaveAtStep(stop, path)], max_epochs=2).fit(stopped, Several(mode=mode))
-    resumed = Model()
-    trainer(tmp_path, [ResumableDataCallback()], max_epochs=2).fit(resumed, Several(mode=mode), ckpt_path=path)
-    assert stopped.seen[:stop] + resumed.seen == full.seen
+    assert_resumes_exactly(tmp_path, Model, lambda: Several(mode=mode), stop=stop, max_epochs=2)
 
 
 def checkpoint(tmp_path: Path, data: L.LightningDataModule) -> Path:

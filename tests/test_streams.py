@@ -31,7 +31,7 @@ from lightning_resumable.streams import (
     state_for_rank,
 )
 
-from .test_callback import Model, trainer
+from .helpers import Model, trainer
 
 
 class Counting(IterableDataset[torch.Tensor]):

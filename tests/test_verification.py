@@ -15,7 +15,7 @@ from lightning_resumable import ResumableDataCallback, ResumableDataModule, Resu
 from lightning_resumable.format import BatchFingerprint
 from lightning_resumable.verification import digest_of
 
-from .test_callback import Model, SaveAtStep, trainer
+from .helpers import Model, SaveAtStep, trainer
 
 
 class Rows(Dataset[torch.Tensor]):

@@ -1,0 +1,112 @@
+"""What the unit tests share: a tiny model and datamodule, a trainer for one process, a callback that
+saves mid-run, and `assert_resumes_exactly`, the stop-and-resume check (torchdata's
+``run_test_save_load_state`` is its model)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_resumable import ResumableDataCallback, ResumableDataModule
+
+__all__ = [
+    "Data",
+    "Model",
+    "PlainData",
+    "SaveAtStep",
+    "assert_resumes_exactly",
+    "checkpoint_with_callback",
+    "trainer",
+]
+
+
+class Model(L.LightningModule):
+    """Records what each step trained on in ``seen``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[Any] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.seen.append(batch[0].flatten().tolist())
+        return self.layer(batch[0]).mean()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class PlainData(L.LightningDataModule):
+    def __init__(self, size: int = 16) -> None:
+        super().__init__()
+        self.size = size
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(TensorDataset(torch.arange(self.size).float().unsqueeze(1)), batch_size=2, shuffle=True)
+
+
+class Data(ResumableDataModule, PlainData):
+    def train_dataloader(self) -> DataLoader[Any]:
+        return super().train_dataloader()
+
+
+def trainer(tmp_path: Path, callbacks: list[L.Callback], **kwargs: Any) -> L.Trainer:
+    options: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    return L.Trainer(callbacks=callbacks, **{**options, **kwargs})
+
+
+class SaveAtStep(L.Callback):
+    """Saves a checkpoint to ``path`` when the trainer has done ``step`` optimizer steps; training goes on."""
+
+    def __init__(self, step: int, path: Path) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+
+
+def checkpoint_with_callback(tmp_path: Path, *extra: L.Callback) -> Path:
+    path = tmp_path / "mid.ckpt"
+    trainer(tmp_path, [ResumableDataCallback(), SaveAtStep(3, path), *extra], max_epochs=2).fit(Model(), Data())
+    return path
+
+
+def assert_resumes_exactly(
+    tmp_path: Path,
+    make_model: Callable[[], L.LightningModule],
+    make_data: Callable[[], L.LightningDataModule],
+    *,
+    stop: int,
+    max_epochs: int = 2,
+    make_callback: Callable[[], ResumableDataCallback] = ResumableDataCallback,
+) -> list[Any]:
+    """Train straight through; train again, saving after ``stop`` optimizer steps; resume a third model
+    from that save. The stopped run's first ``stop`` steps and the resumed steps must be the
+    uninterrupted run's, as each model records them in ``seen``. The uninterrupted steps."""
+    full = make_model()
+    trainer(tmp_path / "full", [make_callback()], max_epochs=max_epochs).fit(full, make_data())
+    path = tmp_path / "stopped.ckpt"
+    stopped = make_model()
+    with_save = [make_callback(), SaveAtStep(stop, path)]
+    trainer(tmp_path / "stop", with_save, max_epochs=max_epochs).fit(stopped, make_data())
+    assert path.exists(), f"the run never reached step {stop}"
+    resumed = make_model()
+    trainer(tmp_path / "resume", [make_callback()], max_epochs=max_epochs).fit(resumed, make_data(), ckpt_path=path)
+    steps: list[Any] = full.seen  # type: ignore[assignment]
+    assert stopped.seen[:stop] + resumed.seen == steps  # type: ignore[operator]
+    return steps
