@@ -303,18 +303,24 @@ class ResumableDataCallback(pl.Callback):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._preemption.release(trainer)
+        self._end_of_training(trainer)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._preemption.release(trainer)
+        self._end_of_training(trainer)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._preemption.release(trainer)
+        self._end_of_training(trainer)
         if self._audit is not None:
             self._audit.close()
             self._audit = None
+
+    def _end_of_training(self, trainer: pl.Trainer) -> None:
+        """The signals go back to Lightning, and the train loaders' workers end with the training."""
+        self._preemption.release(trainer)
+        if self._owner is not None:
+            self._owner.retire_workers()
 
     # ------------------------------------------------------------------------ batch counting
     def _first_batch_index(self, trainer: pl.Trainer, batch_idx: int) -> int:

@@ -37,6 +37,7 @@ from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
 from lightning_resumable.streams import StreamLoader, loader_state_finished, state_for_rank
 from lightning_resumable.verification import all_gather_objects, check_fingerprints, digest_of, fingerprint_next_batch
+from lightning_resumable.workers import retire_previous
 
 __all__ = ["LoaderOwner", "LoadersOwner", "Owner", "SavePoint", "StreamOwner", "WorldSizePolicy"]
 
@@ -105,6 +106,10 @@ class Owner(ABC):
     def rebuild_at_epoch_end(self, epoch: int) -> bool:
         """Whether the train loader must be built again before the next epoch (its length changes)."""
         return False
+
+    @abstractmethod
+    def retire_workers(self) -> None:
+        """At the end of the fit: end the loaders' workers (none may outlive the fit)."""
 
 
 def _kind_of(saved: Body) -> str:
@@ -272,6 +277,9 @@ class LoaderOwner(Owner):
     def trained_ids(self, batch: Any, batch_idx: int) -> list[int]:
         return self.sampler.batch_indices(batch_idx)
 
+    def retire_workers(self) -> None:
+        retire_previous(self.owned.loader)
+
     def rebuild_at_epoch_end(self, epoch: int) -> bool:
         if self.resized_epoch == epoch:
             # The epoch resumed on a new world size is over; count the next ones on the new size.
@@ -331,6 +339,10 @@ class LoadersOwner(Owner):
 
     def rebuild_at_epoch_end(self, epoch: int) -> bool:
         return any(owned.next_epoch_differs_in_length(epoch) for owned in self.owned.values())
+
+    def retire_workers(self) -> None:
+        for owned in self.owned.values():
+            retire_previous(owned.loader)
 
 
 class StreamOwner(Owner):
@@ -392,3 +404,6 @@ class StreamOwner(Owner):
 
     def trained_ids(self, batch: Any, batch_idx: int) -> str:
         return digest_of(batch)  # a stream's samples have no index
+
+    def retire_workers(self) -> None:
+        self.loader.retire_workers()

@@ -177,6 +177,12 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
             iterator = super().__iter__()
         return self._recording(iterator)
 
+    def retire_workers(self) -> None:
+        """Retire the last pass's iterator (its workers and feeder threads), at the end of a fit."""
+        previous, self._iterator = self._iterator, None
+        if previous is not None:
+            retire(previous)
+
     def _recording(self, batches: Iterator[Any]) -> Iterator[Any]:
         while True:
             self._states[self.batches_yielded] = copy.deepcopy(StatefulDataLoader.state_dict(self))

@@ -37,6 +37,7 @@ __all__ = [
     "forks_workers",
     "garbage_collector_paused",
     "retire",
+    "retire_previous",
     "warn_once_on_affected_python",
     "worker_safe",
 ]
@@ -120,6 +121,15 @@ def _iterator_after_retiring(loader: DataLoader[Any], make: Callable[[], Any]) -
         iterator = make()
     loader._previous_iterator = iterator
     return iterator
+
+
+def retire_previous(loader: DataLoader[Any]) -> None:
+    """Retire the iterator a `RetiringLoader` (or a `worker_safe` loader) keeps until its next pass: at
+    the end of a fit, so that no worker outlives it (at the interpreter's exit, multiprocessing would
+    SIGTERM them, which a worker whose rank held SIGTERM lets pass once)."""
+    previous = loader.__dict__.pop("_previous_iterator", None)
+    if previous is not None:
+        retire(previous)
 
 
 def leave_sigterm_to_rank(loader: DataLoader[Any]) -> None:

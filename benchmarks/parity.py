@@ -1,0 +1,93 @@
+"""Parity check: the library's speed against loose bounds and against the real alternatives.
+
+``python benchmarks/parity.py [--quick]`` measures, in this process with one torch thread, and prints
+a table; it exits 1 if a bound is missed. CI runs ``--quick`` (about 10 s). The bounds are loose on
+purpose (a factor of several from what this machine measures), so that they catch a regression of the
+design, an O(N) restore or a per-sample cost that grew, not the noise of a shared machine.
+
+- a restore at 10^9 samples, from ``load_state_dict`` to the first batch: under 50 ms;
+- per-sample seeding of the three global generators, as a worker does: under 10 µs a sample;
+- a whole epoch's indices: at least ``DistributedSampler``'s throughput, in the same run;
+- the data state: under 1 KB in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils.data import DistributedSampler
+
+sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
+from timing import epoch_seconds, per_call_us
+from workloads import IndexDataset, measure_restore
+
+from lightning_resumable import ResumableSampler, SampleSeededDataset
+
+
+def restore_ms() -> float:
+    return min(measure_restore("lightning_resumable", 10**9)["seconds"] for _ in range(3)) * 1000
+
+
+def seeding_us(batches: int) -> float:
+    free = IndexDataset(64)
+    wrapped = SampleSeededDataset(free)
+    keys = [(index, 10**12 + index) for index in range(32)]
+    bare = per_call_us(lambda: [free[index] for index, _ in keys], batches, 3) / 32
+    return per_call_us(lambda: wrapped.fetch(keys, restore_globals=False), batches, 3) / 32 - bare
+
+
+def throughput_ratio(size: int, repeats: int) -> float:
+    """Ours over ``DistributedSampler``'s indices per second, rank 0 of 2, best of ``repeats`` each."""
+    dataset = IndexDataset(size)
+    theirs, ours = [], []
+    for epoch in range(repeats):
+        reference = DistributedSampler(dataset, 2, 0, seed=1)
+        reference.set_epoch(epoch)
+        theirs.append(epoch_seconds(reference))
+        sampler = ResumableSampler(dataset, 2, 0, seed=1)
+        sampler.set_epoch(epoch)
+        ours.append(epoch_seconds(sampler))
+    return min(theirs) / min(ours)
+
+
+def state_bytes() -> int:
+    sampler = ResumableSampler(IndexDataset(10**9), 1024, 0, seed=2**31 - 1, batch_size=32)
+    sampler.set_epoch(999)
+    sampler.set_consumed_batches(12345)
+    buffer = io.BytesIO()
+    torch.save(sampler.state_dict(), buffer)
+    return len(buffer.getvalue())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (CI)")
+    parser.add_argument("--json", action="store_true", help="print the measurements as JSON too")
+    quick = parser.parse_args().quick
+    torch.set_num_threads(1)
+    checks = [
+        ("restore at 10^9 samples to the first batch", restore_ms(), "ms", "<", 50.0),
+        ("per-sample seeding of the global generators", seeding_us(200 if quick else 2000), "µs", "<", 10.0),
+        ("epoch indices vs DistributedSampler (x faster)", throughput_ratio(10**6, 2 if quick else 5), "x", ">=", 1.0),
+        ("data state in the checkpoint", float(state_bytes()), "bytes", "<", 1024.0),
+    ]
+    print(f"torch {torch.__version__}, 1 thread; {'quick' if quick else 'full'} mode")
+    print(f"| {'measurement':<48} | {'measured':>12} | {'bound':>10} | verdict |")
+    print(f"|{'-' * 50}|{'-' * 14}|{'-' * 12}|---------|")
+    failed = 0
+    for name, value, unit, relation, bound in checks:
+        ok = value < bound if relation == "<" else value >= bound
+        failed += not ok
+        print(f"| {name:<48} | {value:>9.2f} {unit:<2} | {relation} {bound:>7g} | {'ok' if ok else 'MISSED':>7} |")
+    if parser.parse_args().json:
+        print(json.dumps({name: value for name, value, *_ in checks}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
