@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-import lightning_resumable.owners as owners_module
+import lightning_resumable.sampled_loader as sampled_loader_module
 from lightning_resumable import (
     ContractViolationError,
     IncompatibleStateError,
@@ -219,13 +219,13 @@ def test_ranks_holding_different_dataset_states_are_refused_at_the_save(
 ) -> None:
     fitted = trainer(tmp_path, [ResumableDataCallback()], max_epochs=1)
     fitted.fit(CurriculumModel(), CurriculumData(Curriculum()))
-    real_gather = owners_module.all_gather_objects
+    real_gather = sampled_loader_module.all_gather_objects
 
     def two_ranks_disagreeing(value: Any) -> list[Any]:
         mine = real_gather(value)[0]
         return [mine, "another rank's digest"] if isinstance(mine, str) else [mine, mine]
 
-    monkeypatch.setattr(owners_module, "all_gather_objects", two_ranks_disagreeing)
+    monkeypatch.setattr(sampled_loader_module, "all_gather_objects", two_ranks_disagreeing)
     with pytest.raises(InconsistentRankStateError, match=r"different state on rank\(s\) \[1\] than on rank 0"):
         fitted.save_checkpoint(tmp_path / "split.ckpt")
 

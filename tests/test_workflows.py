@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_resumable import PartialAccumulationError, ResumableDataCallback, ResumableDataModule
-from lightning_resumable import owners as owners_module
+from lightning_resumable import sampled_loader as sampled_loader_module
 
 
 class Model(L.LightningModule):
@@ -168,7 +168,7 @@ def test_a_save_from_the_exception_path_gathers_nothing_and_resumes_exactly(
     stopped = Model()
     on_exception = OnExceptionCheckpoint(dirpath=tmp_path, filename="interrupted")
     with monkeypatch.context() as patched:
-        patched.setattr(owners_module, "all_gather_objects", no_collective)
+        patched.setattr(sampled_loader_module, "all_gather_objects", no_collective)
         with pytest.raises(SystemExit):
             trainer(tmp_path / "stop", FailAt(batch=4), on_exception).fit(stopped, Data())
     checkpoint = tmp_path / "interrupted.ckpt"
