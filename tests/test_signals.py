@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 
+import pytest
 import torch
 
 from lightning_resumable.signals import DeferredSignals
@@ -97,5 +98,28 @@ def test_a_loader_worker_leaves_a_group_sigterm_to_its_rank_while_the_rank_holds
     try:
         assert run_worker_and_signal_it_twice(init=True) == (True, signal.SIGTERM)
         assert run_worker_and_signal_it_twice(init=False) == (False, signal.SIGTERM)
+    finally:
+        signals.uninstall()
+
+
+def test_a_signal_arriving_during_an_agreement_is_kept_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A handler runs between any two bytecodes: one that ran while the flags were being built was
+    cleared with them, and its rank never stopped (a preempted run trained on to its end)."""
+    import lightning_resumable.signals as signals_module
+
+    signals = DeferredSignals([signal.SIGUSR1])
+    assert signals.install()
+    real_tensor = torch.tensor
+
+    def tensor_and_a_signal(*args: object, **kwargs: object) -> torch.Tensor:
+        made = real_tensor(*args, **kwargs)  # type: ignore[call-overload]
+        os.kill(os.getpid(), signal.SIGUSR1)  # handled as soon as this returns
+        return made
+
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(signals_module.torch, "tensor", tensor_and_a_signal)
+            first = signals.agree(torch.device("cpu"))
+        assert first | signals.agree(torch.device("cpu")) == {signal.SIGUSR1}
     finally:
         signals.uninstall()

@@ -88,8 +88,10 @@ class DeferredSignals:
     def agree(self, device: torch.device) -> set[int]:
         """The signals any rank received since the last agreement; collective (every rank calls it at
         the same point), a single all-reduce of one flag per signal."""
-        flags = torch.tensor([signum in self._received for signum in self.signums], dtype=torch.int32, device=device)
-        self._received.clear()
+        # Swap the set before reading it: a signal handled between a read and a clear would be lost
+        # (a handler runs between any two bytecodes), and its rank would never stop.
+        received, self._received = self._received, set()
+        flags = torch.tensor([signum in received for signum in self.signums], dtype=torch.int32, device=device)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return {signum for signum, flag in zip(self.signums, flags.tolist(), strict=True) if flag}
