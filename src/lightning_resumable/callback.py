@@ -123,13 +123,7 @@ class ResumableDataCallback(pl.Callback):
         self._owner: Owner | None = None  # picked when train_dataloader() hands the loaders over
         self._pending: Body | None = None  # a restored state not yet applied to a loader
         self._seed: int | None = None
-        # Where the data resumes: (epoch, index of the first batch this process trains), checked against
-        # Lightning's batch_idx at the first batch. Lightning 2.6 can number a resumed epoch's batches
-        # from 0 (a resume from a checkpoint written after an earlier resume from an epoch's end) or
-        # from where the previous epoch ended (a stream resumed after its last batch); the callback
-        # then counts the epoch's batches itself: (epoch, offset) added to Lightning's count.
-        self._first_batch: tuple[int, int] | None = None
-        self._batch_index_offset: tuple[int, int] | None = None
+        self._batches = _BatchCount()
         self._preemption = HeldPreemption()
 
     @property
@@ -205,7 +199,7 @@ class ResumableDataCallback(pl.Callback):
         silence_not_resumable_warning()
         if stage == TrainerFn.FITTING:
             # Each fit builds its train loader anew (a second fit on the same trainer too): forget the last one's.
-            self._owner, self._pending, self._first_batch, self._batch_index_offset = None, None, None, None
+            self._owner, self._pending, self._batches = None, None, _BatchCount()
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -216,7 +210,7 @@ class ResumableDataCallback(pl.Callback):
         if trainer is None or self._owner is None:
             # Nothing trained yet in this process: keep a restored state that was not applied.
             return Envelope(self._pending).to_dict() if self._pending is not None else {}
-        batches = self._epoch_batch_index(trainer, batches_processed(trainer))
+        batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
         at = SavePoint(
             seed=self.shuffle_seed(trainer),
             epoch=trainer.current_epoch,
@@ -274,14 +268,14 @@ class ResumableDataCallback(pl.Callback):
                 " ResumableDataModule (class MyData(ResumableDataModule, L.LightningDataModule))"
             )
         first = self._owner.start(trainer, batches_processed(trainer))  # refuses another place; verifies
-        self._first_batch = (trainer.current_epoch, first)
+        self._batches.first = (trainer.current_epoch, first)
         self._preemption.hold(trainer)
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        batch_idx = self._first_batch_index(trainer, batch_idx)
+        batch_idx = self._batches.at_batch_start(trainer.current_epoch, batch_idx)
         if self.seed_steps and self._seed is not None:
             seed_training_step(self._seed, trainer.current_epoch, batch_idx)
 
@@ -292,7 +286,7 @@ class ResumableDataCallback(pl.Callback):
         if self.audit_dir is not None and self._owner is not None:
             if self._audit is None:
                 self._audit = AuditLog(self.audit_dir, trainer.global_rank)
-            epoch_batch_idx = self._epoch_batch_index(trainer, batch_idx)
+            epoch_batch_idx = self._batches.of(trainer.current_epoch, batch_idx)
             self._audit.write(trainer.current_epoch, epoch_batch_idx, self._owner.trained_ids(batch, epoch_batch_idx))
         self._preemption.act(trainer)  # every rank is here, at the same batch
 
@@ -322,25 +316,37 @@ class ResumableDataCallback(pl.Callback):
         if self._owner is not None:
             self._owner.retire_workers()
 
-    # ------------------------------------------------------------------------ batch counting
-    def _first_batch_index(self, trainer: pl.Trainer, batch_idx: int) -> int:
-        """At each batch's start: Lightning's ``batch_idx``, checked against the data at the first batch."""
-        if self._first_batch is not None:
-            (epoch, expected), self._first_batch = self._first_batch, None
-            if epoch == trainer.current_epoch and expected != batch_idx:
+
+class _BatchCount:
+    """The epoch's batch index as the data counts it: Lightning's ``batch_idx``, checked at the first
+    resumed batch against where the data resumes, and corrected from then on where they disagree.
+
+    Lightning 2.6 can number a resumed epoch's batches from 0 (a resume from a checkpoint written
+    after an earlier resume from an epoch's end) or from where the previous epoch ended (a stream
+    resumed after its last batch).
+    """
+
+    def __init__(self) -> None:
+        self.first: tuple[int, int] | None = None  # (epoch, index of the first batch the data trains)
+        self.offset: tuple[int, int] | None = None  # (epoch, data's index minus Lightning's)
+
+    def at_batch_start(self, epoch: int, batch_idx: int) -> int:
+        if self.first is not None:
+            (first_epoch, expected), self.first = self.first, None
+            if first_epoch == epoch and expected != batch_idx:
                 rank_zero_warn(
                     f"lightning_resumable: the data resumes at batch {expected} of epoch {epoch}, but Lightning"
                     f" numbers that batch {batch_idx}; its loop progress in the checkpoint is inconsistent (as after"
                     " a chain of resumes through an epoch's end). The data, the step seeds, the audit log and the"
                     " next checkpoints count the epoch's batches from the data"
                 )
-                self._batch_index_offset = (epoch, expected - batch_idx)
-        return self._epoch_batch_index(trainer, batch_idx)
+                self.offset = (epoch, expected - batch_idx)
+        return self.of(epoch, batch_idx)
 
-    def _epoch_batch_index(self, trainer: pl.Trainer, batch_idx: int) -> int:
-        """Lightning's ``batch_idx`` (or batch count), corrected where it disagreed with the data."""
-        if self._batch_index_offset is not None and self._batch_index_offset[0] == trainer.current_epoch:
-            return batch_idx + self._batch_index_offset[1]
+    def of(self, epoch: int, batch_idx: int) -> int:
+        """Lightning's ``batch_idx`` (or batch count) of ``epoch``, corrected where it disagreed with the data."""
+        if self.offset is not None and self.offset[0] == epoch:
+            return batch_idx + self.offset[1]
         return batch_idx
 
 

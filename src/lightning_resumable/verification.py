@@ -88,7 +88,7 @@ def next_batch_keys(sampler: ResumableSampler, state: DataState, rank: int, worl
     ``sampler`` draws (a copy is restored; ``sampler`` itself is left as it is)."""
     peek = copy.copy(sampler)
     peek.num_replicas, peek.rank, peek.sample_keys = world_size, rank, True
-    peek.load_state_dict(state.to_dict())
+    peek.restore(state)
     return list(itertools.islice(iter(peek), state.batch_size))
 
 
