@@ -258,11 +258,14 @@ def seeding_table(calls: int, rounds: int) -> None:
 
 
 def sample_rng_cost(kind: str) -> None:
-    from lightning_resumable.randomness import fetching_sample
+    from lightning_resumable.randomness import begin_sample, end_sample
 
-    with fetching_sample(987654321, seed_globals=False):
+    begin_sample(987654321, seed_globals=False)
+    try:
         rng = sample_rng()
         _ = rng.torch if kind == "torch" else rng.numpy
+    finally:
+        end_sample()
 
 
 # ------------------------------------------------------------------------------ 6. verification

@@ -119,11 +119,12 @@ class SeededStream(IterableDataset[Any]):
             seed = stream_sample_seed(key, self._yielded)
             saved = randomness.GlobalGeneratorState() if restore else None
             try:
-                with randomness.fetching_sample(seed, self.seed_globals):
-                    sample = next(source)
+                randomness.begin_sample(seed, self.seed_globals)
+                sample = next(source)
             except StopIteration:
                 return
             finally:
+                randomness.end_sample()
                 if saved is not None:
                     saved.restore()
             self._yielded += 1
