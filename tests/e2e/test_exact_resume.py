@@ -25,7 +25,7 @@ from .train import subset_of, weights_of
 
 DIMENSIONS: dict[str, list[object]] = {
     "stop_kind": ["batch_end", "last_batch", "in_step", "validation", "est_steps"],
-    "world_size": [2, 3],  # one process: the unit tests train a real Trainer on one (tests/test_callback.py)
+    "world_size": [1, 2, 3],
     "num_workers": [0, 2],
     "loader": ["DataLoader", "StatefulDataLoader"],
     "shuffle": [True, False],
