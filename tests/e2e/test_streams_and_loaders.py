@@ -19,8 +19,10 @@ STREAMS = [
     Scenario(world_size=2, num_workers=0, loader="DataLoader", data="stream", stop_kind="batch_end"),
     Scenario(world_size=2, num_workers=0, loader="StatefulDataLoader", data="stream", stop_kind="in_step"),
     Scenario(world_size=2, num_workers=2, loader="DataLoader", data="stream", stop_kind="validation"),
+    Scenario(world_size=2, num_workers=2, loader="StatefulDataLoader", data="stream", stop_kind="batch_end"),
     Scenario(world_size=2, num_workers=2, loader="StatefulDataLoader", data="stream", stop_kind="last_batch"),
     Scenario(world_size=2, num_workers=2, loader="DataLoader", data="hf", stop_kind="batch_end"),
+    Scenario(world_size=2, num_workers=0, loader="StatefulDataLoader", data="hf", stop_kind="in_step"),
 ]
 COMBINED = [
     Scenario(world_size=2, num_workers=2, data="combined", mode="max_size_cycle"),  # b in its 2nd cycle
