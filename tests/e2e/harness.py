@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
-from .processes import run_tree
+from .processes import ForkServer, run_tree
 
 TRAIN_SCRIPT = Path(__file__).with_name("train.py")
 STREAM_SIZE = 48
@@ -20,6 +22,19 @@ STREAM_SIZE = 48
 COMBINED_SIZES = (38, 14)
 """Samples of the ``combined`` data's two loaders, ``a`` and ``b`` (ids of ``b`` start at 1000)."""
 RUN_TIMEOUT_S = int(os.environ.get("E2E_RUN_TIMEOUT_S", "300"))
+FORK = os.environ.get("E2E_FORK_SERVER", "1") == "1"
+"""Whether `run_phase` starts its runs from the fork server (the default) or as ``python train.py``."""
+_server: ForkServer | None = None
+
+
+def fork_server() -> ForkServer:
+    """The session's fork server, started at its first run."""
+    global _server
+    if _server is None:
+        _server = ForkServer(Path(tempfile.mkdtemp(prefix="forkserver-")) / "server.log")
+        atexit.register(_server.close)
+    return _server
+
 
 Records = dict[int, list[dict[str, Any]]]
 """Per rank, the completed training steps in order: epoch, batch index, sample ids, augmentation
@@ -215,8 +230,12 @@ def run_phase(
     config_path.write_text(json.dumps(_config(scenario, phase, run_dir, checkpoint, world_size)))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log_path = run_dir / f"{phase}.log"
-    command = [sys.executable, str(TRAIN_SCRIPT), str(config_path)]
-    returncode = run_tree(command, log_path, run_dir, RUN_TIMEOUT_S, f"{scenario.label()} phase {phase}", env)
+    what = f"{scenario.label()} phase {phase}"
+    if FORK:
+        returncode = fork_server().run(config_path, world_size, log_path, run_dir, RUN_TIMEOUT_S, what)
+    else:
+        command = [sys.executable, str(TRAIN_SCRIPT), str(config_path)]
+        returncode = run_tree(command, log_path, run_dir, RUN_TIMEOUT_S, what, env)
     if expect_failure:
         if returncode == 0:
             raise AssertionError(f"{scenario.label()} phase {phase} was expected to fail and exited 0")

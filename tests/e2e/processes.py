@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import json
 import os
+import select
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 STACK_SIGNAL = signal.SIGUSR2
 """The signal on which a process of a run writes every thread's Python stack (``faulthandler``).
@@ -128,3 +132,86 @@ def run_tree(
 ) -> int:
     """`launch` and `wait_tree`: the exit code of a launch that ended within ``timeout``."""
     return wait_tree(launch(command, log_path, cwd, env), timeout, what, cwd, log_path)
+
+
+class _Leader:
+    """A launch made by the fork server: what `wait_tree` and `kill_tree` need of a ``Popen``."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self.server, self.pid = server, pid
+        self.returncode: int | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.server.exit_code(timeout)
+        return self.returncode
+
+
+class ForkServer:
+    """Launches ``train.py`` runs from a process that has imported torch, Lightning and the library once
+    (``forkserver.py``). Each run is still a fresh process tree in a session of its own, killed whole
+    on a timeout, with every process's stack in the failure message; it only skips the imports."""
+
+    SCRIPT = Path(__file__).with_name("forkserver.py")
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def _started(self) -> subprocess.Popen[bytes]:
+        if self.process is None or self.process.poll() is not None:
+            with self.log_path.open("ab") as log:
+                self.process = subprocess.Popen(
+                    [sys.executable, str(self.SCRIPT)],
+                    cwd=self.SCRIPT.parent,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    start_new_session=True,
+                )
+        return self.process
+
+    def _answer(self, timeout: float | None) -> dict[str, Any]:
+        process = self._started()
+        assert process.stdout is not None
+        if timeout is not None and not select.select([process.stdout], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired("fork server", timeout)
+        line = process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the fork server ended; its log: {self.log_path}\n{self.log_path.read_text()[-3000:]}")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def exit_code(self, timeout: float | None) -> int:
+        return int(self._answer(timeout)["exit"])
+
+    def launch(
+        self, config_path: Path, world_size: int, log_path: Path, cwd: Path, env: Mapping[str, str] | None = None
+    ) -> _Leader:
+        process = self._started()
+        assert process.stdin is not None
+        request = {"config": str(config_path), "world_size": world_size, "log": str(log_path), "cwd": str(cwd)}
+        request["env"] = dict(env or {})
+        process.stdin.write((json.dumps(request) + "\n").encode())
+        process.stdin.flush()
+        return _Leader(self, int(self._answer(60)["pid"]))
+
+    def run(
+        self,
+        config_path: Path,
+        world_size: int,
+        log_path: Path,
+        cwd: Path,
+        timeout: float,
+        what: str,
+        env: Mapping[str, str] | None = None,
+    ) -> int:
+        """`launch` and `wait_tree`: the exit code of a run that ended within ``timeout``."""
+        leader = self.launch(config_path, world_size, log_path, cwd, env)
+        return wait_tree(leader, timeout, what, cwd, log_path)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self.process is not None:
+            kill_tree(self.process)
+            self.process = None

@@ -3,6 +3,7 @@ process tree (forked children and their own children included) is killed, none l
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import textwrap
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from .processes import run_tree
+from .harness import Scenario, _config
+from .processes import ForkServer, living_members, run_tree, wait_tree
 
 HANGING_TREE = textwrap.dedent(
     """
@@ -60,3 +62,31 @@ def test_a_hung_launch_prints_each_process_stack_and_its_whole_tree_is_killed(tm
     assert "wait_in_the_child_forever" in message, "the forked child's stack"
     launched, child, grandchild = (int(pid) for pid in pids.read_text().split())
     assert not [pid for pid in (launched, child, grandchild) if _running(pid)], "no process of the tree is left"
+
+
+def test_a_hung_run_from_the_fork_server_prints_each_ranks_stack_is_killed_whole_and_the_server_goes_on(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 hangs in its training step (rank 0 then waits in the gradients' all-reduce): the whole run
+    is killed with both ranks' stacks, and the same server then runs a run to its end."""
+    server = ForkServer(tmp_path / "server.log")
+    try:
+        config = _config(Scenario(world_size=2, num_workers=2), "full", tmp_path, tmp_path / "x.ckpt", 2)
+        (tmp_path / "hang.json").write_text(json.dumps({**config, "hang_rank": 1}))
+        leader = server.launch(tmp_path / "hang.json", 2, tmp_path / "hang.log", tmp_path)
+        with pytest.raises(AssertionError) as hung:
+            wait_tree(leader, 20, "the hanging run", tmp_path, tmp_path / "hang.log")  # type: ignore[arg-type]
+        message = str(hung.value)
+        assert "the hanging run hung for 20 s" in message
+        assert "in hang_forever" in message, "rank 1's stack"
+        assert message.count("--- process") >= 2, "a stack from each rank"
+        assert living_members(leader.pid) == [], "no process of the run is left"
+
+        done = tmp_path / "done"
+        done.mkdir()
+        config = _config(Scenario(world_size=2), "full", done, done / "x.ckpt", 2)
+        (done / "full.json").write_text(json.dumps(config))
+        assert server.run(done / "full.json", 2, done / "full.log", done, 120, "the next run") == 0
+        assert (done / "full.rank1.jsonl").read_text().count("\n") == Scenario(world_size=2).batches_per_epoch * 3
+    finally:
+        server.close()

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 import warnings
 from contextlib import nullcontext
@@ -167,6 +168,10 @@ class Recorder:
         os.fsync(self.file.fileno())
 
 
+def hang_forever() -> None:
+    threading.Event().wait()
+
+
 def stop_now(trainer: L.Trainer, checkpoint: str) -> None:
     trainer.save_checkpoint(checkpoint)
     os._exit(0)
@@ -221,6 +226,8 @@ class Model(L.LightningModule):
         ):
             stop_now(self.trainer, self.config["checkpoint"])
         time.sleep(self.config.get("step_seconds", 0))  # a slower step, where a test aims a kill
+        if self.config.get("hang_rank") == self.global_rank:  # a hung rank, for the harness's timeout test
+            hang_forever()
         parts = list(batch.values()) if isinstance(batch, dict) else [batch]
         return sum(self.net(part[1]).pow(2).mean() for part in parts if part is not None)  # type: ignore[return-value]
 

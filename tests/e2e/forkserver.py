@@ -1,0 +1,118 @@
+"""A fork server for the suite's training runs: ``python forkserver.py``.
+
+Importing torch and Lightning takes about four seconds a process, longer than most of the suite's
+runs train. This process imports them once and then, per request, forks a fresh process tree that
+runs ``train.main``: a run still starts from a process of its own, with the library's state untouched,
+and ends as before (a stopped run with ``os._exit``), but without paying for the imports.
+
+The server runs no torch operation and starts no thread, so a fork from it copies one thread and no
+thread pool (the conditions under which a fork is safe, CPython gh-112275 included).
+
+Protocol, one JSON object per line: the request on stdin is ``{"config": PATH, "world_size": W,
+"log": PATH, "cwd": DIR, "env": {...}}``. The answer on stdout is ``{"pid": LEADER}`` at once, then
+``{"exit": CODE}`` when the leader has ended (a negative code: killed by that signal). The leader is
+rank 0 in a session of its own; it forks ranks ``1..W-1`` into its process group, as Lightning's
+launcher would start them, with the environment of an externally launched DDP run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import train  # (torch, Lightning, the library: imported once, here)
+from processes import dump_stacks_on_signal
+
+with contextlib.suppress(ImportError):  # the ``hf`` scenarios' data
+    import datasets  # noqa: F401
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _report(*exc_info: Any) -> None:
+    """Print an exception as the interpreter would at a process's end: through ``sys.excepthook``, which
+    torch.distributed replaces with one that prefixes each line with ``[rankN]:``."""
+    try:
+        sys.excepthook(*exc_info)
+    except BaseException:
+        traceback.print_exception(*exc_info)
+
+
+def _run_rank(request: dict[str, Any], rank: int) -> None:
+    """In a forked process: train rank ``rank`` and end the process (never return into the server)."""
+    code = 0
+    try:
+        if request["world_size"] > 1:
+            os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0")
+        config_path = request["config"]
+        sys.argv = [train.__file__, config_path]
+        dump_stacks_on_signal(Path(json.loads(Path(config_path).read_text())["out_dir"]))
+        train.main(config_path)
+    except BaseException:
+        _report(*sys.exc_info())
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _lead(request: dict[str, Any]) -> None:
+    """In the forked leader: a session of its own, the run's output to its log, then the ranks."""
+    os.setsid()
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.chdir(request["cwd"])
+    os.environ.update(request.get("env", {}))
+    world_size = request["world_size"]
+    if world_size > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world_size))
+    ranks = []
+    for rank in range(1, world_size):
+        pid = os.fork()
+        if pid == 0:
+            _run_rank(request, rank)
+        ranks.append(pid)
+    try:
+        if world_size > 1:
+            os.environ.update(LOCAL_RANK="0", NODE_RANK="0")
+        sys.argv = [train.__file__, request["config"]]
+        dump_stacks_on_signal(Path(json.loads(Path(request["config"]).read_text())["out_dir"]))
+        train.main(request["config"])
+        # Rank 0 has finished: the run has succeeded if every other rank has too.
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in ranks]
+        code = next((code for code in codes if code != 0), 0)
+    except BaseException:
+        _report(*sys.exc_info())
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def serve() -> None:
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _lead(request)
+        print(json.dumps({"pid": pid}), flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
+if __name__ == "__main__":
+    serve()
