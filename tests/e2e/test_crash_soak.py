@@ -8,7 +8,9 @@ the run resumes from ``last.ckpt`` exactly.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -107,3 +109,23 @@ def test_five_kills_at_random_steps_train_what_an_uninterrupted_run_trains(tmp_p
     assert set(logged) == set(range(1, total + 1)), "every step of the uninterrupted run was trained"
     # Every step, re-runs included, read the ids that step read uninterrupted, on every rank.
     assert first_divergence(read_audit(full / "audit"), read_audit(soak / "audit")) is None
+
+
+def test_sigterm_to_the_launching_rank_goes_through_lightning_and_resumes_exactly(tmp_path: Path) -> None:
+    """A scheduler's SIGTERM to rank 0, which launched the other rank: the callback holds it until the
+    end of a batch, where the ranks agree on it; both stop there through Lightning's SIGTERMException,
+    and the run resumes from ``last.ckpt`` exactly."""
+    full, run = tmp_path / "full", tmp_path / "run"
+    assert finish(launch(full, "full", num_workers=0), full, "full") == 0
+    process = launch(run, "soak", num_workers=0)
+    wait_for_step(process, run, 0, CHECKPOINT_EVERY + CHECKPOINT_EVERY // 2)
+    os.kill(process.pid, signal.SIGTERM)
+    finish(process, run, "soak")  # Lightning 2.6.6 stops the fit and exits 0
+    log = (run / "soak.log").read_text()
+    assert "[rank: 0] lightning_resumable: SIGTERM received here" in log, log[-3000:]
+    assert "[rank: 1] lightning_resumable: SIGTERM received by another rank" in log, log[-3000:]
+    trained = global_steps(run)
+    assert trained[-1] < SOAK.epochs * SOAK.batches_per_epoch, "the run stopped before its end"
+    resume_from = str(run / "checkpoints" / "last.ckpt")
+    assert finish(launch(run, "soak", num_workers=0, resume_from=resume_from), run, "soak") == 0
+    assert first_divergence(read_audit(full / "audit"), read_audit(run / "audit")) is None

@@ -45,3 +45,19 @@ def test_a_restricted_comparison_checks_every_rank_in_those_fields() -> None:
         "rank 0 step 1 differs in ['loss']",
         "rank 1 step 1 differs in ['ids']",
     ]
+
+
+def test_losses_on_three_processes_may_differ_in_their_last_bits_and_nothing_else_may() -> None:
+    """DDP's first step after a restart sums gradients in another order on three or more processes."""
+    full = {rank: [step([rank], loss=0.0334327295422554)] for rank in range(3)}
+    stopped = {rank: [] for rank in range(3)}
+
+    def outcome(world_size: int, loss: float, ids: int = 0) -> Outcome:
+        resumed = {rank: [step([rank + ids], loss=loss)] for rank in range(3)}
+        return Outcome(replace(BASE, world_size=world_size), full, {**stopped}, resumed)
+
+    last_bit = 0.0334327258169651  # measured: one float32 ulp away
+    assert outcome(3, last_bit).differing_fields() == set()
+    assert outcome(2, last_bit).differing_fields() == {"loss"}, "bit for bit on two processes"
+    assert outcome(3, 0.0335).differing_fields() == {"loss"}, "a wrong step is still told apart"
+    assert outcome(3, last_bit, ids=1).differing_fields() == {"ids"}

@@ -87,6 +87,7 @@ def steps_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 SIGNALLED = {
     "every rank": lambda run, process: [os.kill(pid, signal.SIGTERM) for pid in rank_pids(run)],
     "rank 0": lambda run, process: os.kill(rank_pids(run)[0], signal.SIGTERM),
+    "rank 1": lambda run, process: os.kill(rank_pids(run)[1], signal.SIGTERM),  # Lightning alone: rank 0 waits
     "the process group": lambda run, process: os.killpg(process.pid, signal.SIGTERM),
 }
 
