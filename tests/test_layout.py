@@ -44,4 +44,16 @@ def test_the_core_imports_neither_lightning_nor_the_other_layers() -> None:
 
 def test_no_module_is_much_over_350_lines() -> None:
     lengths = {path.name: len(path.read_text().splitlines()) for path in PACKAGE.glob("*.py")}
-    assert {name: length for name, length in lengths.items() if length > 400} == {}
+    assert {name: length for name, length in lengths.items() if length > 380} == {}
+
+
+def test_the_callback_class_keeps_the_hooks_and_little_else() -> None:
+    """About 200 lines of code (the docstring aside): the hooks, the options, the seed, the world-size policy."""
+    import ast
+
+    tree = ast.parse((PACKAGE / "callback.py").read_text())
+    (cls,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "ResumableDataCallback"]
+    docstring = cls.body[0]
+    assert cls.end_lineno is not None and docstring.end_lineno is not None
+    code_lines = cls.end_lineno - docstring.end_lineno
+    assert code_lines <= 230, code_lines

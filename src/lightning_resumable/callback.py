@@ -14,7 +14,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
@@ -29,11 +29,11 @@ from lightning_resumable.errors import (
     LateRestoreError,
     MissingCallbackError,
     MissingStateError,
-    PartialAccumulationError,
     WorldSizeChangedError,
 )
-from lightning_resumable.format import STATE_KEY, Body, Envelope, PartialAccumulation, StreamState, parse
+from lightning_resumable.format import STATE_KEY, Body, Envelope, StreamState, parse
 from lightning_resumable.owners import LoaderOwner, LoadersOwner, Owner, SavePoint, StreamOwner
+from lightning_resumable.progress import BatchCount, partial_accumulation, refuse_partial_accumulation
 from lightning_resumable.randomness import seed_training_step
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.signals import HeldPreemption
@@ -46,53 +46,37 @@ __all__ = ["ResumableDataCallback"]
 class ResumableDataCallback(pl.Callback):
     """Makes a resumed run continue as if never interrupted: same batches, same content, same steps.
 
-    On save it records the train loader's global state (seed, epoch, samples consumed by all ranks,
-    and the setup), counting the batches the trainer has really completed rather than what the
-    loader prefetched, and a fingerprint of the batch each rank trains next. Several train loaders
-    (a list, a dict, a ``CombinedLoader``) are recorded each under its key, with the cycle a shorter
-    loader is in; a stream (an ``IterableDataset`` with state) is recorded per rank, with each
-    worker's state, as it stood after the last completed batch (see `lightning_resumable.streams`).
-    On restore it hands that state to the sampler that `ResumableDataModule` builds inside
-    ``train_dataloader()``, before the sampler's iterator exists; at ``on_train_start`` it checks
-    that the trainer resumed the same epoch and batch as the data, and that the batches about to be
-    trained match the fingerprints.
-
-    Randomness is derived, never stored: each sample is fetched under a seed of ``(seed, epoch,
-    global position)`` and each training step starts from a seed of ``(seed, epoch, batch index)``
-    (see `lightning_resumable.randomness`).
+    On save it records the train input's global state (seed, epoch, samples consumed by all ranks,
+    the setup), counting the batches the trainer really completed rather than what the loader
+    prefetched, and a fingerprint of the batch each rank trains next. On restore it hands that state
+    to the loader `ResumableDataModule` builds, before its iterator exists; at ``on_train_start`` it
+    checks that the trainer resumed where the data did and that the next batches match their
+    fingerprints. What depends on the kind of train input (one loader, several, a stream) is the
+    `lightning_resumable.owners` owner's. Randomness is derived, never stored: a sample is fetched
+    under a seed of ``(seed, epoch, global position)``, a step starts from ``(seed, epoch, batch)``.
 
     Args:
-        allow_world_size_change: resume on a different number of processes (logged once on rank 0).
+        allow_world_size_change: resume on another number of processes (logged once on rank 0);
             ``False`` raises `WorldSizeChangedError` instead.
         seed_samples: seed torch's CPU generator, ``random`` and NumPy's global ``RandomState``
-            before each sample is fetched, so augmentations are exact after a resume.
-            ``sample_rng()`` works either way.
+            before each sample is fetched, so augmentations are exact (``sample_rng()`` works either way).
         seed_steps: reseed those generators (and CUDA's) at the start of every training step, so
-            dropout and other draws in the step are exact after a resume. Every rank gets the same
-            seed, as with ``seed_everything``.
+            dropout is exact. Every rank gets the same seed, as with ``seed_everything``.
         verify: record the next batch's fingerprint at every save and compare it on resume.
-        audit_dir: a directory where each rank appends, per trained step, the epoch, the batch index and
-            the sample ids it read (``audit.rank{R}.jsonl``); ``python -m lightning_resumable compare``
-            compares two runs' logs. ``None`` (the default) writes nothing.
+        audit_dir: where each rank appends, per trained step, its epoch, batch index and sample ids
+            (``audit.rank{R}.jsonl``; ``python -m lightning_resumable compare`` compares two runs).
 
     Raises:
         MissingStateError: resuming a checkpoint written without this callback.
-        WorldSizeChangedError: another world size with ``allow_world_size_change=False``, with
-            several train loaders, or with a stream whose position is per rank.
-        WorkerCountChangedError: a stream resumes with another ``num_workers``.
-        IncompatibleStateError: the checkpoint's data setup (dataset size, shuffle, drop_last, batch
-            size, the train loaders' keys and mode, stream or not) differs from the current one.
-        ResumeVerificationError: on every rank, before the first resumed step, when a batch about to
-            be trained differs from the one the checkpoint recorded.
+        IncompatibleStateError: the checkpoint's data setup differs from the current one (and
+            `WorldSizeChangedError`, `WorkerCountChangedError` where that cannot be exact).
+        ResumeVerificationError: before the first resumed step, a batch differs from its fingerprint.
         MissingCallbackError: training starts without a ``ResumableDataModule`` train loader.
-        ContractViolationError: at build or at a save, an object in the train loader persists a
-            derived quantity (rank, world size, shard offset...) or a wrapper persists other state
-            than its inner object's (see `PassThroughWrapper`).
-        InconsistentRankStateError: at a save, the ranks' datasets hold different states.
+        ContractViolationError: an object in the train loader persists a derived quantity.
+        PartialAccumulationError: the checkpoint was saved inside a gradient accumulation window.
 
-    A dataset with its own ``state_dict``/``load_state_dict`` (a curriculum, say) is persisted once,
-    as global state, and restored before the loader is iterated. ``state_dict`` is collective: save
-    checkpoints on every rank, as ``ModelCheckpoint`` does.
+    Every other refusal has a class of its own (the Exceptions page). ``state_dict`` is collective
+    during training: save on every rank, as ``ModelCheckpoint`` does.
 
     Example:
         ```python
@@ -123,7 +107,7 @@ class ResumableDataCallback(pl.Callback):
         self._owner: Owner | None = None  # picked when train_dataloader() hands the loaders over
         self._pending: Body | None = None  # a restored state not yet applied to a loader
         self._seed: int | None = None
-        self._batches = _BatchCount()
+        self._batches = BatchCount()
         self._preemption = HeldPreemption()
 
     @property
@@ -199,7 +183,7 @@ class ResumableDataCallback(pl.Callback):
         silence_not_resumable_warning()
         if stage == TrainerFn.FITTING:
             # Each fit builds its train loader anew (a second fit on the same trainer too): forget the last one's.
-            self._owner, self._pending, self._batches = None, None, _BatchCount()
+            self._owner, self._pending, self._batches = None, None, BatchCount()
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -225,7 +209,7 @@ class ResumableDataCallback(pl.Callback):
         if isinstance(saved, str):
             return Envelope(None, reason=saved).to_dict()
         complete = saved.finished if isinstance(saved, StreamState) else at.complete
-        return Envelope(saved, partial_accumulation=_partial_accumulation(trainer, batches, complete)).to_dict()
+        return Envelope(saved, partial_accumulation=partial_accumulation(trainer, batches, complete)).to_dict()
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -239,7 +223,7 @@ class ResumableDataCallback(pl.Callback):
         envelope = parse(state_dict)
         if envelope.state is None:
             raise MissingStateError(f"the checkpoint holds no resumable data state: {envelope.reason}")
-        _refuse_partial_accumulation(envelope.partial_accumulation)
+        refuse_partial_accumulation(envelope.partial_accumulation)
         if self._owner is not None:
             raise LateRestoreError(
                 "the data state was restored after the train loader was built (the strategy restores"
@@ -315,60 +299,3 @@ class ResumableDataCallback(pl.Callback):
         self._preemption.release(trainer)
         if self._owner is not None:
             self._owner.retire_workers()
-
-
-class _BatchCount:
-    """The epoch's batch index as the data counts it: Lightning's ``batch_idx``, checked at the first
-    resumed batch against where the data resumes, and corrected from then on where they disagree.
-
-    Lightning 2.6 can number a resumed epoch's batches from 0 (a resume from a checkpoint written
-    after an earlier resume from an epoch's end) or from where the previous epoch ended (a stream
-    resumed after its last batch).
-    """
-
-    def __init__(self) -> None:
-        self.first: tuple[int, int] | None = None  # (epoch, index of the first batch the data trains)
-        self.offset: tuple[int, int] | None = None  # (epoch, data's index minus Lightning's)
-
-    def at_batch_start(self, epoch: int, batch_idx: int) -> int:
-        if self.first is not None:
-            (first_epoch, expected), self.first = self.first, None
-            if first_epoch == epoch and expected != batch_idx:
-                rank_zero_warn(
-                    f"lightning_resumable: the data resumes at batch {expected} of epoch {epoch}, but Lightning"
-                    f" numbers that batch {batch_idx}; its loop progress in the checkpoint is inconsistent (as after"
-                    " a chain of resumes through an epoch's end). The data, the step seeds, the audit log and the"
-                    " next checkpoints count the epoch's batches from the data"
-                )
-                self.offset = (epoch, expected - batch_idx)
-        return self.of(epoch, batch_idx)
-
-    def of(self, epoch: int, batch_idx: int) -> int:
-        """Lightning's ``batch_idx`` (or batch count) of ``epoch``, corrected where it disagreed with the data."""
-        if self.offset is not None and self.offset[0] == epoch:
-            return batch_idx + self.offset[1]
-        return batch_idx
-
-
-def _partial_accumulation(trainer: pl.Trainer, batches: int, complete: bool) -> PartialAccumulation | None:
-    """The mark of a save inside a gradient accumulation window, or ``None``.
-
-    Lightning steps the optimizer after every ``accumulate_grad_batches``-th batch of an epoch and
-    after its last one; batches since the last step live only in the gradients, which no checkpoint
-    holds, so a resume from here cannot be exact.
-    """
-    window = int(trainer.accumulate_grad_batches)
-    accumulated = 0 if complete else batches % window
-    return PartialAccumulation(accumulated, window, batches) if accumulated else None
-
-
-def _refuse_partial_accumulation(partial: PartialAccumulation | None) -> None:
-    if partial is None:
-        return
-    raise PartialAccumulationError(
-        f"the checkpoint was saved after batch {partial.batches} of its epoch, inside a gradient accumulation"
-        f" window: {partial.accumulated} of accumulate_grad_batches={partial.window} batches had been"
-        " accumulated without an optimizer step. Lightning does not save accumulated gradients, so the resumed"
-        " run would step without them and its losses would differ from an uninterrupted run's. Resume from a"
-        " checkpoint saved at an accumulation boundary (ModelCheckpoint(every_n_train_steps=...) saves there)"
-    )

@@ -41,9 +41,8 @@ Records = dict[int, list[dict[str, Any]]]
 values and loss."""
 FIELDS = ("epoch", "batch", "ids", "aug", "loss", "level")
 LOSS_TOLERANCE = 1e-5
-"""Relative, for losses of runs on three or more processes, where DDP's first step after a restart
-sums gradients in another order (docs/guarantees.md, "What exact does not cover"); bit for bit on
-one and two."""
+"""Relative, for losses of runs on three or more processes, where DDP reduces a resumed run's first
+step to other bits (test_ddp_first_step.py; docs/guarantees.md); bit for bit on one and two."""
 
 
 @dataclass(frozen=True)

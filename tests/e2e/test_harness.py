@@ -48,7 +48,7 @@ def test_a_restricted_comparison_checks_every_rank_in_those_fields() -> None:
 
 
 def test_losses_on_three_processes_may_differ_in_their_last_bits_and_nothing_else_may() -> None:
-    """DDP's first step after a restart sums gradients in another order on three or more processes."""
+    """DDP reduces a resumed run's first step to other bits on three or more processes (test_ddp_first_step)."""
     full = {rank: [step([rank], loss=0.0334327295422554)] for rank in range(3)}
     stopped = {rank: [] for rank in range(3)}
 
