@@ -61,6 +61,18 @@ def test_checkpoint_without_data_state_is_refused(tmp_path: Path) -> None:
         trainer(tmp_path, [ResumableDataCallback()], max_epochs=2).fit(Model(), Data(), ckpt_path=path)
 
 
+@pytest.mark.parametrize("emptied", [{}, None, 0, [], False, ""], ids=repr)
+def test_a_mid_epoch_checkpoint_with_an_emptied_data_state_is_refused(tmp_path: Path, emptied: object) -> None:
+    """Lightning hands no falsy state to ``load_state_dict``: the data used to restart at batch 0 while
+    Lightning counted from batch 3 (3 batches repeated, 3 skipped), with only a warning."""
+    path = checkpoint_with_callback(tmp_path)
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["callbacks"]["ResumableDataCallback"] = emptied
+    torch.save(checkpoint, path)
+    with pytest.raises(MissingStateError, match="data state is empty .* written after 3 train batches"):
+        trainer(tmp_path, [ResumableDataCallback()], max_epochs=2).fit(Model(), Data(), ckpt_path=path)
+
+
 def test_checkpoint_of_another_dataset_size_is_refused(tmp_path: Path) -> None:
     path = checkpoint_with_callback(tmp_path)
     with pytest.raises(IncompatibleStateError, match="dataset_size: checkpoint 16, now 18"):

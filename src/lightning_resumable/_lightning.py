@@ -23,6 +23,7 @@ from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwarg
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 __all__ = [
+    "batches_fetched_before",
     "batches_processed",
     "combined_loader_mode",
     "handle_preemption_signal",
@@ -50,6 +51,16 @@ def batches_processed(trainer: pl.Trainer) -> int:
     """
     progress = trainer.fit_loop.epoch_loop.batch_progress.current
     return int(progress.processed)  # type: ignore[attr-defined]  # a _ProcessedTracker at runtime
+
+
+def batches_fetched_before(checkpoint: dict[str, Any]) -> int | None:
+    """Train batches the run had fetched when ``checkpoint`` was written, from Lightning's loop state
+    (``None`` where the checkpoint holds none: written outside a fit)."""
+    try:
+        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["ready"]
+    except (KeyError, TypeError):
+        return None
+    return progress if isinstance(progress, int) else None
 
 
 def saving_off_the_training_path(trainer: pl.Trainer) -> bool:

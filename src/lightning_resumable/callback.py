@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_resumable._lightning import (
+    batches_fetched_before,
     batches_processed,
     rebuild_train_loader_at_next_epoch,
     saving_off_the_training_path,
@@ -237,10 +238,19 @@ class ResumableDataCallback(pl.Callback):
     ) -> None:
         if trainer.state.fn != TrainerFn.FITTING:
             return  # validate/test/predict from a checkpoint read no train stream
-        if self.state_key not in checkpoint.get("callbacks", {}):
+        callbacks = checkpoint.get("callbacks", {})
+        if self.state_key not in callbacks:
             raise MissingStateError(
                 "the checkpoint holds no data state: it was written without ResumableDataCallback, so the"
                 " position of the train stream is unknown. Resume from a checkpoint written with the callback"
+            )
+        fetched = batches_fetched_before(checkpoint)
+        if not callbacks[self.state_key] and fetched:
+            # Lightning hands no falsy state to load_state_dict: the data would restart at batch 0.
+            raise MissingStateError(
+                f"the checkpoint's data state is empty ({callbacks[self.state_key]!r:.40}), but it was written"
+                f" after {fetched} train batches: the position of the train stream is unknown. The checkpoint"
+                " was altered, or written by other code; resume from one the callback wrote"
             )
 
     # ------------------------------------------------------------------------------ training
