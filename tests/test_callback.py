@@ -69,7 +69,7 @@ def test_a_mid_epoch_checkpoint_with_an_emptied_data_state_is_refused(tmp_path: 
     checkpoint = torch.load(path, weights_only=True)
     checkpoint["callbacks"]["ResumableDataCallback"] = emptied
     torch.save(checkpoint, path)
-    with pytest.raises(MissingStateError, match="data state is empty .* written after 3 train batches"):
+    with pytest.raises(MissingStateError, match=r"data state is empty .* written after 3 train batches"):
         trainer(tmp_path, [ResumableDataCallback()], max_epochs=2).fit(Model(), Data(), ckpt_path=path)
 
 

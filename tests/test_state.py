@@ -31,6 +31,9 @@ def test_round_trip_keeps_every_value() -> None:
     ("change", "message"),
     [
         ({"version": 99}, "version 99 is not supported"),
+        ({"version": True}, "version True is not supported"),  # True == 1 once read as version 1
+        ({"version": 1.0}, "version 1.0 is not supported"),
+        ({"version": 2.0}, "version 2.0 is not supported"),
         ({"epoch": "2"}, "'epoch' must be int"),
         ({"shuffle": 1}, "'shuffle' must be bool"),
         ({"position": -1}, "negative"),

@@ -57,7 +57,7 @@ class ResumableDataCallback(pl.Callback):
     under a seed of ``(seed, epoch, global position)``, a step starts from ``(seed, epoch, batch)``.
 
     Args:
-        allow_world_size_change: resume on another number of processes (logged once on rank 0);
+        allow_world_size_change: resume on a different number of processes (logged once on rank 0);
             ``False`` raises `WorldSizeChangedError` instead.
         seed_samples: seed torch's CPU generator, ``random`` and NumPy's global ``RandomState``
             before each sample is fetched, so augmentations are exact (``sample_rng()`` works either way).

@@ -69,7 +69,7 @@ class DataState:
         if not isinstance(raw, Mapping):
             raise StateFormatError(f"data state must be a dict, got {type(raw).__name__}")
         version = raw.get("version")
-        if version not in _READABLE_VERSIONS:
+        if type(version) is not int or version not in _READABLE_VERSIONS:  # True == 1 and 1.0 == 1 are not versions
             raise StateFormatError(
                 f"data state version {version!r} is not supported (this library reads versions {_READABLE_VERSIONS})"
             )
