@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import pytest
 import torch
 
 from lightning_resumable import ResumableDataCallback
@@ -70,3 +71,40 @@ def test_an_interrupted_run_compares_identical_and_a_differently_seeded_one_does
     assert "epoch 0, batch 0: A read" in str(
         first_divergence(read_audit(tmp_path / "full"), read_audit(tmp_path / "other"))
     )
+
+
+def test_a_line_cut_by_a_kill_is_ended_before_the_next_record_and_no_record_is_dropped(tmp_path: Path) -> None:
+    """A kill cut the last line; the resumed run appended to it. compare then failed with "not JSON", or,
+    when the cut line was the last, dropped the resumed step silently."""
+    from lightning_resumable.audit import AuditLog
+
+    first = AuditLog(tmp_path, 0)
+    first.write(0, 0, [1, 2])
+    first.close()
+    path = tmp_path / "audit.rank0.jsonl"
+    path.write_text(path.read_text() + '{"epoch": 0, "batch": 1, "id')  # the kill
+    with pytest.warns(RuntimeWarning, match="cut short"):
+        resumed = AuditLog(tmp_path, 0)
+    resumed.write(0, 1, [3, 4])
+    resumed.close()
+    with pytest.warns(RuntimeWarning, match="rank0.jsonl:2: a step cut short by a kill is skipped"):
+        steps = read_audit(tmp_path)
+    assert [(step["batch"], step["ids"]) for step in steps[0]] == [(0, [1, 2]), (1, [3, 4])]
+
+
+def test_a_log_written_before_the_repair_keeps_the_record_that_follows_a_cut_line(tmp_path: Path) -> None:
+    path = tmp_path / "audit.rank0.jsonl"
+    path.write_text('{"epoch": 0, "batch": 0, "ids": [1]}\n{"epoch": 0, "ba{"epoch": 0, "batch": 1, "ids": [2]}\n')
+    with pytest.warns(RuntimeWarning, match="cut short"):
+        steps = read_audit(path)
+    assert [step["ids"] for step in steps[0]] == [[1], [2]]
+
+
+@pytest.mark.parametrize(
+    "line", ['{"epoch": [0], "batch": 0, "ids": []}', '{"epoch": true, "batch": 0, "ids": []}', "[1, 2]", "garbage"]
+)
+def test_a_line_that_is_no_logged_step_is_refused_by_its_place(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "audit.rank0.jsonl"
+    path.write_text('{"epoch": 0, "batch": 0, "ids": [1]}\n' + line + "\n")
+    with pytest.raises(ValueError, match="audit.rank0.jsonl:2: "):
+        read_audit(path)

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -126,3 +127,55 @@ def test_compare_names_the_first_divergence(
 def test_compare_refuses_a_missing_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", str(tmp_path), str(tmp_path)]) == 2
     assert "no audit file" in capsys.readouterr().err
+
+
+def mutated(tmp_path: Path, checkpoint: Path, change: Any) -> Path:
+    """``checkpoint`` with its data state changed by ``change`` (a function of the state)."""
+    loaded = torch.load(checkpoint, weights_only=True)
+    change(loaded["callbacks"]["ResumableDataCallback"])
+    path = tmp_path / "mutated.ckpt"
+    torch.save(loaded, path)
+    return path
+
+
+def test_a_tensor_in_a_datasets_state_keeps_json_valid(
+    tmp_path: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def add_tensor(state: dict[str, Any]) -> None:
+        state["state"]["dataset"] = {"weights": torch.arange(3), "seen": torch.zeros(5000)}
+
+    path = mutated(tmp_path, checkpoint, add_tensor)
+    assert main(["inspect", str(path), "--json"]) == 0
+    dataset = json.loads(capsys.readouterr().out)["loaders"]["train"]["dataset_state"]
+    assert dataset == {"weights": [0, 1, 2], "seen": "tensor of shape [5000]"}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda state: state["state"]["train"].update(epoch=[0]),
+        lambda state: state["state"].update(next_batch=[["0"] * 2] * 10**6),
+        lambda state: state.update(state=[1, 2]),
+        lambda state: state.update({3: "integer key"}),
+    ],
+    ids=["epoch-list", "million-fingerprints", "state-list", "integer-key"],
+)
+def test_a_malformed_state_is_a_short_message_and_json_stays_json(
+    tmp_path: Path, checkpoint: Path, capsys: pytest.CaptureFixture[str], change: Any
+) -> None:
+    path = mutated(tmp_path, checkpoint, change)
+    assert main(["inspect", str(path)]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("lightning-resumable inspect: ") and "Traceback" not in error and len(error) < 2200
+    assert main(["inspect", str(path), "--json"]) == 1
+    out = capsys.readouterr().out
+    assert json.loads(out)["status"] == 1 and len(out) < 2200
+
+
+def test_compare_refuses_a_step_whose_epoch_is_not_an_integer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "audit.rank0.jsonl").write_text('{"epoch": [0], "batch": 0, "ids": [1]}\n')
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a")]) == 2
+    assert "epoch and batch must be integers" in capsys.readouterr().err

@@ -93,3 +93,12 @@ def test_reading_a_checkpoint_does_not_import_lightning() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_every_message_is_bounded_however_large_the_value_it_quotes() -> None:
+    """A 10^6-entry next_batch was repr'd into a 7.9 MB message."""
+    from lightning_resumable.errors import MESSAGE_LIMIT, StateFormatError
+
+    message = str(StateFormatError("bad: " + "x" * 10**6))
+    assert len(message) < MESSAGE_LIMIT + 50 and message.endswith("characters more)")
+    assert str(StateFormatError("short")) == "short"

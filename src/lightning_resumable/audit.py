@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -27,12 +28,25 @@ Steps = dict[int, list[dict[str, Any]]]
 
 
 class AuditLog:
-    """One rank's audit file, appended to; each line flushed when written."""
+    """One rank's audit file, appended to; each line flushed when written.
+
+    A kill can cut the last line short. Before appending, that line is ended, so the next record
+    starts a line of its own (`read_audit` skips the cut one, and says so).
+    """
 
     def __init__(self, directory: str | Path, rank: int) -> None:
         self.path = Path(directory) / f"audit.rank{rank}.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: TextIO = self.path.open("a", encoding="utf-8")
+        if self._file.tell() > 0 and not self.path.read_bytes().endswith(b"\n"):
+            warnings.warn(
+                f"lightning_resumable: the last line of {self.path} was cut short (a kill while it was written);"
+                " it is ended here, and compare skips it",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            self._file.write("\n")
+            self._file.flush()
 
     def write(self, epoch: int, batch: int, ids: Any) -> None:
         self._file.write(json.dumps({"epoch": epoch, "batch": batch, "ids": ids}) + "\n")
@@ -57,19 +71,38 @@ def read_audit(path: str | Path) -> Steps:
         found = _RANK_IN_NAME.search(file.name)
         rank = int(found.group(1)) if found else 0
         records = []
-        lines = file.read_text(encoding="utf-8").splitlines()
-        for number, line in enumerate(lines, start=1):
+        for number, line in enumerate(file.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
             try:
-                record = json.loads(line)
+                records.append(_record(json.loads(line), f"{file}:{number}", line))
+                continue
             except json.JSONDecodeError:
-                if number == len(lines):
-                    continue  # a line cut short by a kill
-                raise ValueError(f"{file}:{number}: not JSON") from None
-            if not isinstance(record, Mapping) or not {"epoch", "batch", "ids"} <= set(record):
-                raise ValueError(f"{file}:{number}: not a logged step: {line[:200]}")
-            records.append(dict(record))
+                pass
+            # A line cut short by a kill; before AuditLog ended such lines, the record written after the
+            # resume followed it on the same line: keep that one.
+            cut = line.rfind('{"epoch"')
+            if not line.startswith('{"epoch"') and cut <= 0:
+                raise ValueError(f"{file}:{number}: not JSON: {line[:200]}")
+            warnings.warn(f"{file}:{number}: a step cut short by a kill is skipped", RuntimeWarning, stacklevel=2)
+            if cut > 0:
+                try:
+                    records.append(_record(json.loads(line[cut:]), f"{file}:{number}", line))
+                except json.JSONDecodeError:
+                    raise ValueError(f"{file}:{number}: not JSON: {line[:200]}") from None
         steps[rank] = records
     return steps
+
+
+def _record(value: object, where: str, line: str) -> dict[str, Any]:
+    """``value`` as a logged step: integer epoch and batch, and ids.
+
+    Raises:
+        ValueError: it is not one.
+    """
+    if not isinstance(value, Mapping) or not {"epoch", "batch", "ids"} <= set(value):
+        raise ValueError(f"{where}: not a logged step: {line[:200]}")
+    if any(type(value[key]) is not int for key in ("epoch", "batch")):
+        raise ValueError(f"{where}: a logged step's epoch and batch must be integers: {line[:200]}")
+    return dict(value)
 
 
 def _by_step(rank: int, records: list[dict[str, Any]], name: str) -> tuple[dict[tuple[int, int], Any], str | None]:

@@ -194,19 +194,45 @@ def render(path: Path, summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _plain(value: object) -> object:
+    """A JSON value for what a dataset's own state may hold beyond JSON (a tensor, an array, a set)."""
+    if isinstance(value, torch.Tensor):
+        return value.tolist() if value.numel() <= 1000 else f"tensor of shape {list(value.shape)}"
+    tolist = getattr(value, "tolist", None)  # a NumPy array or scalar
+    if callable(tolist):
+        return tolist()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return repr(value)[:200]
+
+
 def _inspect(arguments: argparse.Namespace) -> int:
     path = Path(arguments.checkpoint)
     try:
         checkpoint, raw = load_data_state(path)
         summary = summarise(raw, checkpoint)
+        if arguments.json:
+            text = json.dumps(summary, indent=2, sort_keys=True, default=_plain)
+        else:
+            text = render(path, summary)
     except _Unreadable as error:
-        print(f"lightning-resumable inspect: {error}", file=sys.stderr)
-        return 2
+        return _refuse(arguments, 2, str(error))
     except ResumeError as error:
-        print(f"lightning-resumable inspect: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
-    print(json.dumps(summary, indent=2, sort_keys=True) if arguments.json else render(path, summary))
+        return _refuse(arguments, 1, f"{type(error).__name__}: {error}")
+    except Exception as error:  # a state this version cannot summarise: still a message, never a traceback
+        return _refuse(arguments, 1, f"the data state cannot be summarised: {type(error).__name__}: {error}")
+    print(text)
     return 0
+
+
+def _refuse(arguments: argparse.Namespace, status: int, message: str) -> int:
+    """Report why ``inspect`` cannot show a checkpoint: on stderr, and with ``--json`` as JSON on stdout."""
+    if len(message) > 2000:
+        message = message[:2000] + "..."
+    print(f"lightning-resumable inspect: {message}", file=sys.stderr)
+    if arguments.json:
+        print(json.dumps({"error": message, "status": status}))
+    return status
 
 
 def _compare(arguments: argparse.Namespace) -> int:
@@ -214,8 +240,8 @@ def _compare(arguments: argparse.Namespace) -> int:
 
     try:
         a, b = read_audit(arguments.a), read_audit(arguments.b)
-    except ValueError as error:
-        print(f"lightning-resumable compare: {error}", file=sys.stderr)
+    except (ValueError, OSError) as error:
+        print(f"lightning-resumable compare: {str(error)[:2000]}", file=sys.stderr)
         return 2
     divergence = first_divergence(a, b)
     if divergence is None:

@@ -29,8 +29,18 @@ __all__ = [
 ]
 
 
+MESSAGE_LIMIT = 2000
+"""Characters of a message kept: a value quoted from a damaged checkpoint (a list of a million
+fingerprints, say) must not become a message of megabytes."""
+
+
 class ResumeError(RuntimeError):
     """Base class: resuming the data stream exactly is impossible as configured."""
+
+    def __init__(self, message: str = "", *args: object) -> None:
+        if len(message) > MESSAGE_LIMIT:
+            message = f"{message[:MESSAGE_LIMIT]}... ({len(message) - MESSAGE_LIMIT:,} characters more)"
+        super().__init__(message, *args)
 
 
 class IncompatibleStateError(ResumeError):
