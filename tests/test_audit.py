@@ -106,5 +106,5 @@ def test_a_log_written_before_the_repair_keeps_the_record_that_follows_a_cut_lin
 def test_a_line_that_is_no_logged_step_is_refused_by_its_place(tmp_path: Path, line: str) -> None:
     path = tmp_path / "audit.rank0.jsonl"
     path.write_text('{"epoch": 0, "batch": 0, "ids": [1]}\n' + line + "\n")
-    with pytest.raises(ValueError, match="audit.rank0.jsonl:2: "):
+    with pytest.raises(ValueError, match=r"audit\.rank0\.jsonl:2: "):
         read_audit(path)
