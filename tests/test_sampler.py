@@ -79,7 +79,7 @@ def test_same_world_size_resume_continues_every_rank_exactly(
         restored.load_state_dict(json.loads(json.dumps(state)))
         restored.set_epoch(epoch)  # the trainer's set_epoch for the same epoch keeps the position
         if state["position"] >= size:
-            assert list(restored) == [], "a finished epoch restores as complete"
+            assert list(restored) == full_streams[rank], "a finished epoch restores to the pass after it"
             continue
         assert list(restored) == full_streams[rank][consumed * batch_size :]
         assert len(restored) == len(full_streams[rank])
@@ -111,7 +111,8 @@ def test_elastic_resume_consumes_every_sample_once_per_epoch(
     if state["position"] >= size:
         restored = sampler(new_world_size, 0)
         restored.load_state_dict(state)
-        assert restored.epoch == 0 and list(restored) == [], "a finished epoch restores as complete"
+        again = list(restored)
+        assert restored.epoch == 0 and again == list(sampler(new_world_size, 0)), "a finished epoch: the pass after it"
         return
     after: list[int] = []
     lengths = set()
@@ -178,9 +179,9 @@ def test_a_restore_applies_to_the_next_pass_only() -> None:
 def test_each_restart_within_an_epoch_is_a_fresh_cycle_and_restores_as_such() -> None:
     """CombinedLoader's max_size_cycle restarts a short loader: each cycle is another permutation, a
     pure function of (seed, epoch, cycle); a new epoch starts again at cycle 0."""
-    sampler = ResumableSampler(range(40), num_replicas=2, rank=0, seed=7, batch_size=4)
+    sampler = ResumableSampler(range(40), num_replicas=2, rank=0, seed=7, batch_size=4, passes="cycle")
     sampler.set_epoch(1)
-    other_rank = ResumableSampler(range(40), num_replicas=2, rank=1, seed=7, batch_size=4)
+    other_rank = ResumableSampler(range(40), num_replicas=2, rank=1, seed=7, batch_size=4, passes="cycle")
     other_rank.set_epoch(1)
     cycles = [list(sampler) for _ in range(3)]
     for cycle in cycles:  # every cycle is a whole permutation, split across the ranks
@@ -190,12 +191,12 @@ def test_each_restart_within_an_epoch_is_a_fresh_cycle_and_restores_as_such() ->
     sampler.set_epoch(2)
     assert sampler.cycle == 0
     # A restore in the middle of cycle 1 continues that cycle, and the next restart is cycle 2.
-    middle = ResumableSampler(range(40), num_replicas=2, rank=0, seed=7, batch_size=4)
+    middle = ResumableSampler(range(40), num_replicas=2, rank=0, seed=7, batch_size=4, passes="cycle")
     middle.set_epoch(1)
     list(middle)
     next(iter(middle))  # cycle 1 has started
     middle.set_consumed_batches(2)
-    restored = ResumableSampler(range(40), num_replicas=2, rank=0, seed=7, batch_size=4)
+    restored = ResumableSampler(range(40), num_replicas=2, rank=0, seed=7, batch_size=4, passes="cycle")
     restored.load_state_dict(middle.state_dict())
     assert list(restored) == cycles[1][8:]
     assert list(restored) == cycles[2]
@@ -219,19 +220,65 @@ def test_an_iterator_created_but_never_advanced_does_not_use_up_the_restore() ->
     assert list(iter(restored)) == list(sampler)[12:]
 
 
-def test_a_state_saved_after_the_last_sample_restores_as_a_complete_epoch() -> None:
-    """As torchdata's StatefulDistributedSampler: nothing more of that epoch, until set_epoch moves on."""
-    sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
+def test_passes_of_one_epoch_repeat_its_order_as_distributed_samplers_do() -> None:
+    """Each pass of an epoch once drew a fresh order (the cycle key): list(s) + list(s) was not reproducible."""
+    sampler = ResumableSampler(range(40), num_replicas=2, rank=0, seed=7, batch_size=4)
+    sampler.set_epoch(1)
+    reference = DistributedSampler(range(40), num_replicas=2, rank=0, seed=7)  # type: ignore[arg-type]
+    reference.set_epoch(1)
+    assert list(reference) == list(reference), "DistributedSampler's contract"
+    first = list(sampler)
+    assert list(sampler) + list(sampler) == first + first
+    assert sampler.data_state().cycle == 0
+
+
+def test_passes_read_once_yield_nothing_after_the_first() -> None:
+    """A loader among several in max_size mode is read once per epoch."""
+    sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4, passes="once")
+    assert len(list(sampler)) == 20 and list(sampler) == []
+    sampler.set_epoch(1)
+    assert len(list(sampler)) == 20
+
+
+@pytest.mark.parametrize("passes", ["repeat", "cycle", "once"])
+def test_a_state_saved_after_the_last_sample_restores_to_the_pass_after_it(passes: str) -> None:
+    """As torchdata's StatefulDataLoader: the same epoch's next pass (a cycle, or nothing for a loader read
+    once), or the epoch set_epoch selects. It once restored to nothing with 0 workers and to a full pass
+    with 2 inside a StatefulDataLoader."""
+    sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4, passes=passes)  # type: ignore[arg-type]
     sampler.set_epoch(2)
+    first_pass = list(sampler)
+    second_pass = list(sampler)
     sampler.set_consumed_batches(5)
-    restored = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
-    restored.load_state_dict(sampler.state_dict())
+    saved = sampler.state_dict()
+    saved["cycle"] = 0  # saved after the first pass
+    restored = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4, passes=passes)  # type: ignore[arg-type]
+    restored.load_state_dict(saved)
     restored.set_epoch(2)  # a plain loop resuming at the saved epoch
-    assert restored.epoch == 2 and list(restored) == []
+    assert list(restored) == second_pass
+    assert (second_pass == first_pass) == (passes == "repeat") and (second_pass == []) == (passes == "once")
+    restored.load_state_dict(saved)
     restored.set_epoch(3)
     fresh = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
     fresh.set_epoch(3)
     assert list(restored) == list(fresh)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_inside_a_stateful_dataloader_a_state_after_the_epochs_end_restores_to_a_whole_pass(num_workers: int) -> None:
+    """The same state, the same stream, whatever the number of workers (0 workers once gave an empty pass)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader() -> StatefulDataLoader:
+        sampler = ResumableSampler(range(20), num_replicas=2, rank=0, seed=3, batch_size=2)
+        return StatefulDataLoader(list(range(20)), batch_size=2, sampler=sampler, num_workers=num_workers)
+
+    running = loader()
+    passes = [[batch.tolist() for batch in running] for _ in range(2)]
+    restored = loader()
+    restored.load_state_dict(running.state_dict())
+    assert passes[0] == passes[1]
+    assert [batch.tolist() for batch in restored] == passes[0]
 
 
 def test_sample_keys_pair_each_index_with_a_seed_of_its_global_position() -> None:

@@ -172,6 +172,8 @@ class LoadersOwner(Owner):
     def __init__(self, loaders: Mapping[str, DataLoader[Any]], mode: str, seed: int) -> None:
         self.owned = {key: SampledLoader(loader, key) for key, loader in loaders.items()}
         self.mode, self.seed = mode, seed
+        for owned in self.owned.values():  # max_size_cycle restarts a shorter loader: a fresh order each time
+            owned.sampler.passes = "cycle" if mode == "max_size_cycle" else "once"
 
     def restore(self, saved: Body, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
         self.refuse_other_kind(saved)

@@ -12,7 +12,7 @@ import collections
 import itertools
 import operator
 from collections.abc import Iterator, Mapping, Sized
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.utils.data import DistributedSampler
@@ -28,6 +28,8 @@ __all__ = ["ResumableSampler"]
 
 _PLACE_BITS = 20
 """A sample's key in a batch sampler's stream is ``batch position << 20 | place in the batch``."""
+Passes = Literal["repeat", "cycle", "once"]
+"""What a pass of an epoch after a complete one yields (see `ResumableSampler`)."""
 _FIRST_CHUNK = 256
 _CHUNK = 65536
 """Positions computed per vectorised step: large enough to amortise torch's per-call cost, small
@@ -38,19 +40,15 @@ the first batch after a restore costs microseconds."""
 class ResumableSampler(DistributedSampler[Any]):
     """Exactly resumable replacement for ``DistributedSampler``.
 
-    The epoch's stream is its ``draws`` keyed by ``(seed, epoch)``: by default a permutation
-    (`EpochOrder`), or the counter-based draws of a weighted,
-    with-replacement or subset sampler, or a batch sampler's batches (`lightning_resumable.draws`,
-    `lightning_resumable.batches`). The persisted position is global (samples consumed by all
-    ranks together), so a state written on ``W`` processes restores on ``W'``: the rest of the
-    interrupted epoch is split across the ``W'`` ranks, every remaining sample once (plus
-    ``DistributedSampler``-style padding unless ``drop_last``). Being a ``DistributedSampler``
-    subclass, Lightning leaves it in place.
+    The epoch's stream is its ``draws`` keyed by ``(seed, epoch)``: a permutation (`EpochOrder`) by
+    default, or a weighted, with-replacement or subset sampler's draws, or a batch sampler's batches
+    (`lightning_resumable.draws`, `lightning_resumable.batches`). The persisted position is global
+    (samples consumed by all ranks), so a state written on ``W`` processes restores on ``W'``, every
+    remaining sample of the epoch once (plus ``DistributedSampler``-style padding unless ``drop_last``).
 
-    Consumption is what the trainer has really trained on, not what workers have prefetched: call
-    `set_consumed_batches` before `state_dict` (``ResumableDataCallback`` does). Without
-    that call, ``state_dict`` counts the indices this rank has handed out, which is right only for a
-    loop that does not prefetch (``num_workers=0``).
+    Consumption is what the trainer has trained on, not what workers prefetched: call
+    `set_consumed_batches` before `state_dict` (``ResumableDataCallback`` does); without it,
+    ``state_dict`` counts the indices handed out, right only without prefetching (``num_workers=0``).
 
     Args:
         dataset: a sized dataset.
@@ -64,30 +62,26 @@ class ResumableSampler(DistributedSampler[Any]):
             replacement, a subset... ``None`` is a permutation of the dataset (or the identity
             without ``shuffle``). Its ``length`` is the epoch's stream, split across the ranks. Given
             draws, ``shuffle`` is theirs (only a sequential permutation is unshuffled).
-        sample_keys: yield ``(index, sample seed)`` pairs instead of indices, the seed derived from
-            ``(seed, epoch, global position)``, for a
-            `SampleSeededDataset` to fetch each sample under its
-            own seed.
+        sample_keys: yield ``(index, sample seed)`` pairs, the seed derived from ``(seed, epoch, global
+            position)``, for a `SampleSeededDataset` to fetch each sample under its own seed.
         drop_last_batch: the loader's ``drop_last``, recorded in the state so that a resume with
             another one is refused (the sampler's stream does not depend on it).
+        passes: what a pass of an epoch after one that ran to its end yields. ``"repeat"`` (the
+            default) the epoch's order again, as ``DistributedSampler`` does; ``"cycle"`` the
+            epoch's next *cycle*, a stream of its own keyed by ``(seed, epoch, cycle)``, for a loader
+            ``CombinedLoader`` restarts in ``max_size_cycle`` mode; ``"once"`` nothing, for a loader
+            read once per epoch among several (``max_size``, ``min_size``). The library sets the last two.
 
-    A restore (`load_state_dict`) applies to the next iteration only. A pass that starts after
-    the previous pass of the same epoch ran to its end is the epoch's next *cycle* (``CombinedLoader``
-    in ``max_size_cycle`` mode restarts a shorter loader this way): a stream of its own, keyed by
-    ``(seed, epoch, cycle)``, where ``DistributedSampler`` would repeat the epoch's order. A state
-    saved after the epoch's last sample restores as "this epoch is complete": the next iteration yields nothing, until
-    `set_epoch` selects another epoch.
+    A restore (`load_state_dict`) applies to the next iteration only. A state saved after the
+    epoch's last sample restores, as in torchdata's ``StatefulDataLoader``, to the pass after it.
 
     Example:
         ```python
         sampler = ResumableSampler(dataset, num_replicas=2, rank=0, seed=42, batch_size=8)
         loader = DataLoader(dataset, batch_size=8, sampler=sampler)
-        sampler.set_epoch(3)
-        ...  # train 10 batches, then checkpoint:
-        sampler.set_consumed_batches(10)
-        state = sampler.state_dict()  # {"epoch": 3, "position": 160, ...}
-        # after the restart, before iterating:
-        sampler.load_state_dict(state)
+        sampler.set_consumed_batches(10)  # 10 batches trained: checkpoint
+        state = sampler.state_dict()  # {"epoch": 0, "position": 160, ...}
+        sampler.load_state_dict(state)  # after the restart, before iterating
         ```
     """
 
@@ -103,6 +97,7 @@ class ResumableSampler(DistributedSampler[Any]):
         draws: Draws | None = None,
         sample_keys: bool = False,
         drop_last_batch: bool = False,
+        passes: Passes = "repeat",
     ) -> None:
         super().__init__(
             dataset,  # type: ignore[arg-type]  # torch annotates Dataset; any Sized works
@@ -118,6 +113,7 @@ class ResumableSampler(DistributedSampler[Any]):
             raise ValueError(f"datasets of up to 2**40 samples are supported, got {len(dataset)}")
         self.batch_size = batch_size
         self.drop_last_batch = drop_last_batch
+        self.passes: Passes = passes
         self.dataset_size = len(dataset)
         self.draws = draws if draws is not None else Permutation(self.dataset_size, shuffle)
         self.shuffle = self.draws.describe() != "sequential"  # one source of truth: the draws
@@ -167,6 +163,11 @@ class ResumableSampler(DistributedSampler[Any]):
             self.cycle, self._pass_complete = 0, False
             self._start_fresh_pass()
 
+    def _next_pass(self) -> None:
+        if self.passes == "cycle":
+            self.cycle += 1
+        self._start_fresh_pass()
+
     def _start_fresh_pass(self) -> None:
         self._origin_position = 0
         self._origin_batches = 0
@@ -205,9 +206,13 @@ class ResumableSampler(DistributedSampler[Any]):
         """Iterators over consecutive chunks of this rank's indices, computed one vectorised pass each."""
         if self._origin_is_restored:
             self._origin_is_restored = False  # this pass starts at the restored position; later ones at 0
+            if self._origin_position >= self.stream_length and self.passes != "once":
+                self._next_pass()  # the state was saved after the epoch's last sample
+        elif self._pass_complete:
+            if self.passes == "once":
+                return  # read once this epoch
+            self._next_pass()  # a restart within the epoch
         else:
-            if self._pass_complete:
-                self.cycle += 1  # a restart within the epoch
             self._start_fresh_pass()
         self._pass_complete = False
         self._chunk = (0, 0, iter(()))
