@@ -27,12 +27,19 @@ Not SIGUSR1: Lightning's SLURM auto-requeue takes that one."""
 STACKS_GLOB = "stacks.pid*.txt"
 
 
+_registered_in: list[Path] = []
+"""Where this process writes its stack (set once: a forked child writes a file of its own)."""
+
+
 def dump_stacks_on_signal(directory: Path) -> None:
     """Called by each launched Python process at start: write every thread's stack to
-    ``directory/stacks.pid{PID}.txt`` on `STACK_SIGNAL`. Forked loader workers inherit it (into their
-    parent's file)."""
+    ``directory/stacks.pid{PID}.txt`` on `STACK_SIGNAL`. A forked loader worker writes a file of its
+    own: dumps into one shared file interleave, and a stack cut into pieces says nothing."""
     stacks = (directory / f"stacks.pid{os.getpid()}.txt").open("w")
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
+    if not _registered_in:
+        os.register_at_fork(after_in_child=lambda: dump_stacks_on_signal(_registered_in[-1]))
+    _registered_in.append(directory)
 
 
 def launch(
@@ -84,19 +91,19 @@ def _stacks(directory: Path) -> str:
     for path in sorted(directory.glob(STACKS_GLOB)):
         text = path.read_text(errors="replace").strip()
         if text:
-            parts.append(f"--- process {path.stem.removeprefix('stacks.pid')} (and its forked workers) ---\n{text}")
+            parts.append(f"--- process {path.stem.removeprefix('stacks.pid')} ---\n{text}")
     return "\n".join(parts) or "(no process wrote a stack)"
 
 
-def _wait_for_quiet(directory: Path, seconds: float = 5.0) -> None:
-    """Wait (at most ``seconds``) until the stack files stop growing: the dumps are written asynchronously."""
-    deadline, last = time.monotonic() + seconds, -1
+def _wait_for_stacks(directory: Path, processes: int, seconds: float = 5.0) -> None:
+    """Wait (at most ``seconds``) until ``processes`` processes have written their stacks: each dump,
+    written from its process's signal handler when the kernel next runs it, names one current thread."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        size = sum(path.stat().st_size for path in directory.glob(STACKS_GLOB))
-        if size == last and size > 0:
+        written = sum(path.read_text(errors="replace").count("Current thread") for path in directory.glob(STACKS_GLOB))
+        if written >= processes:
             return
-        last = size
-        time.sleep(0.25)  # polling files being written, not waiting out a race
+        time.sleep(0.05)  # polling files being written, until a known count of dumps is there
 
 
 def wait_tree(process: subprocess.Popen[bytes], timeout: float, what: str, stacks_dir: Path, log_path: Path) -> int:
@@ -109,9 +116,10 @@ def wait_tree(process: subprocess.Popen[bytes], timeout: float, what: str, stack
     try:
         return process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        members = living_members(process.pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, STACK_SIGNAL)
-        _wait_for_quiet(stacks_dir)
+        _wait_for_stacks(stacks_dir, len(members))
         kill_tree(process)
         log = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
         raise AssertionError(
