@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -371,3 +372,32 @@ def test_batch_indices_are_what_the_pass_hands_out_near_the_frontier_and_far_beh
     indices = [key[0] for key in handed_out] if sample_keys else handed_out
     for batch in (0, 1, 100, len(indices) // 7 - 1, len(indices) // 7):
         assert sampler.batch_indices(batch) == indices[batch * 7 : (batch + 1) * 7]
+
+
+def test_the_index_path_runs_on_one_thread_and_gives_the_callers_threads_back() -> None:
+    """Many small tensor ops paid for intra-op parallelism when loader workers and ranks hold the cores."""
+    sampler = ResumableSampler(range(1000), num_replicas=2, rank=0, seed=5, batch_size=4, sample_keys=True)
+    seen_threads = []
+
+    class Recording:
+        def __init__(self, draws: Any) -> None:
+            self.draws = draws
+
+        def __call__(self, *args: Any) -> Any:
+            seen_threads.append(torch.get_num_threads())
+            return self.draws(*args)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.draws, name)
+
+    sampler.draws = Recording(sampler.draws)  # type: ignore[assignment]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        indices = list(sampler)
+        sampler.batch_indices(3)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert seen_threads and set(seen_threads) == {1}
+    assert [index for index, _ in indices] == list(ResumableSampler(range(1000), 2, 0, seed=5, batch_size=4))

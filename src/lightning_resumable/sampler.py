@@ -20,7 +20,7 @@ from torch.utils.data import DistributedSampler
 from lightning_resumable._keys import cycle_seed
 from lightning_resumable.draws import Draws, Permutation
 from lightning_resumable.errors import PendingRestoreError
-from lightning_resumable.order import MAX_SIZE
+from lightning_resumable.order import MAX_SIZE, one_thread
 from lightning_resumable.randomness import SampleKey, sample_seeds
 from lightning_resumable.state import DataState
 
@@ -217,7 +217,7 @@ class ResumableSampler(DistributedSampler[Any]):
         self._pass_complete = False
         self._chunk = (0, 0, iter(()))
         self._recent_chunks = collections.deque(maxlen=3)  # a new one: a copy (a peek) shares the old
-        stride, stream_length = self.num_replicas, self.stream_length
+        stride = self.num_replicas
         start = self._origin_position + self.rank
         stop = start + self._samples_per_rank() * stride
         if stop <= start:
@@ -227,33 +227,32 @@ class ResumableSampler(DistributedSampler[Any]):
         chunk_start, chunk_size = start, _FIRST_CHUNK
         while chunk_start < stop:
             chunk_stop = min(chunk_start + chunk_size * stride, stop)
-            positions = torch.arange(chunk_start, chunk_stop, stride)
+            with one_thread():
+                chunk = self._chunk_between(chunk_start, chunk_stop)
             chunk_start, chunk_size = chunk_stop, min(chunk_size * 4, _CHUNK)
-            # Seeds are keyed by the position before padding wraps it, so a padded repeat of an index
-            # draws other augmentations than its first occurrence.
-            unwrapped = positions
-            if positions[-1] >= stream_length:
-                # Padding wraps around to the start of the epoch's stream, as DistributedSampler does.
-                wrapped = (positions - stream_length) % stream_length
-                positions = torch.where(positions >= stream_length, wrapped, positions)
-            drawn = self.draws(self.stream_seed, self.epoch, positions)
-            chunk: list[Any]
-            if isinstance(drawn, torch.Tensor):
-                indices = drawn.tolist()
-                if self.sample_keys:
-                    chunk = list(
-                        zip(indices, sample_seeds(self.stream_seed, self.epoch, unwrapped).tolist(), strict=True)
-                    )
-                else:
-                    chunk = indices
-            else:  # a batch sampler's stream: each position is a whole batch
-                chunk = self._keyed_batches(drawn, unwrapped) if self.sample_keys else drawn
             chunk_iterator = iter(chunk)
             self._chunk = (handed_out_before, len(chunk), chunk_iterator)
             self._recent_chunks.append((handed_out_before, chunk))
             yield chunk_iterator
             handed_out_before += len(chunk)
         self._pass_complete = True
+
+    def _chunk_between(self, start: int, stop: int) -> list[Any]:
+        """This rank's indices (or keys, or batches) at global positions ``start, start + W, ... < stop``."""
+        positions = unwrapped = torch.arange(start, stop, self.num_replicas)
+        # Seeds are keyed by the position before padding wraps it, so a padded repeat of an index
+        # draws other augmentations than its first occurrence.
+        if positions[-1] >= self.stream_length:
+            # Padding wraps around to the start of the epoch's stream, as DistributedSampler does.
+            wrapped = (positions - self.stream_length) % self.stream_length
+            positions = torch.where(positions >= self.stream_length, wrapped, positions)
+        drawn = self.draws(self.stream_seed, self.epoch, positions)
+        if not isinstance(drawn, torch.Tensor):  # a batch sampler's stream: each position is a whole batch
+            return self._keyed_batches(drawn, unwrapped) if self.sample_keys else drawn
+        indices = drawn.tolist()
+        if not self.sample_keys:
+            return list(indices)
+        return list(zip(indices, sample_seeds(self.stream_seed, self.epoch, unwrapped).tolist(), strict=True))
 
     def _keyed_batches(self, batches: list[list[int]], positions: torch.Tensor) -> list[list[SampleKey]]:
         """Each sample of each batch with its seed, keyed by (batch position, place in the batch)."""
@@ -295,7 +294,8 @@ class ResumableSampler(DistributedSampler[Any]):
         positions = torch.arange(start, max(start, stop), stride)
         if len(positions) and positions[-1] >= self.stream_length:  # padding wraps around, as in _chunks
             positions = torch.where(positions >= self.stream_length, positions % self.stream_length, positions)
-        drawn = self.draws(self.stream_seed, self.epoch, positions)
+        with one_thread():
+            drawn = self.draws(self.stream_seed, self.epoch, positions)
         if isinstance(drawn, torch.Tensor):
             return list(drawn.tolist())
         return [index for element in drawn for index in element]
