@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,10 @@ from processes import dump_stacks_on_signal
 
 with contextlib.suppress(ImportError):  # the ``hf`` scenarios' data
     import datasets  # noqa: F401
+
+
+RANKS_GRACE_S = 30.0
+"""After rank 0 fails, how long the other ranks may take to end and print their own failure."""
 
 
 def _free_port() -> int:
@@ -92,15 +97,31 @@ def _lead(request: dict[str, Any]) -> None:
         sys.argv = [train.__file__, request["config"]]
         dump_stacks_on_signal(Path(json.loads(Path(request["config"]).read_text())["out_dir"]))
         train.main(request["config"])
-        # Rank 0 has finished: the run has succeeded if every other rank has too.
-        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in ranks]
-        code = next((code for code in codes if code != 0), 0)
+        code = 0
     except BaseException:
         _report(*sys.exc_info())
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    # The run has succeeded if every other rank has too. After a failure here, the other ranks get a
+    # while to end (and report their own failure) before the harness ends the whole group.
+    codes = _wait_for(ranks, None if code == 0 else RANKS_GRACE_S)
+    os._exit(code or next((each for each in codes if each != 0), 0))
+
+
+def _wait_for(pids: list[int], seconds: float | None) -> list[int]:
+    """The exit codes of ``pids`` (``None`` for one still running after ``seconds``; no limit if ``None``)."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    codes: dict[int, int] = {}
+    while len(codes) < len(pids) and (deadline is None or time.monotonic() < deadline):
+        for pid in pids:
+            if pid not in codes:
+                done, status = os.waitpid(pid, 0 if deadline is None else os.WNOHANG)
+                if done:
+                    codes[pid] = os.waitstatus_to_exitcode(status)
+        if deadline is not None and len(codes) < len(pids):
+            time.sleep(0.05)  # polling the ranks' exits until the grace period ends
+    return [codes.get(pid, 0) for pid in pids]
 
 
 def serve() -> None:
