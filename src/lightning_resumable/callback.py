@@ -66,6 +66,9 @@ class ResumableDataCallback(pl.Callback):
         verify: record the next batch's fingerprint at every save and compare it on resume.
         audit_dir: where each rank appends, per trained step, its epoch, batch index and sample ids
             (``audit.rank{R}.jsonl``; ``python -m lightning_resumable compare`` compares two runs).
+        allow_inexact_streams: train on a stream known not to resume exactly (a Hugging Face stream
+            with a shuffle buffer, which ``datasets`` does not save), with a warning, instead of
+            refusing it with `UnsupportedLoaderError`.
 
     Raises:
         MissingStateError: resuming a checkpoint written without this callback.
@@ -97,12 +100,14 @@ class ResumableDataCallback(pl.Callback):
         seed_steps: bool = True,
         verify: bool = True,
         audit_dir: str | None = None,
+        allow_inexact_streams: bool = False,
     ) -> None:
         self.allow_world_size_change = allow_world_size_change
         self.seed_samples = seed_samples
         self.seed_steps = seed_steps
         self.verify = verify
         self.audit_dir = audit_dir
+        self.allow_inexact_streams = allow_inexact_streams
         self._audit: AuditLog | None = None
         self._trainer: pl.Trainer | None = None
         self._owner: Owner | None = None  # picked when train_dataloader() hands the loaders over

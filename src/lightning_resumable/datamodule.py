@@ -109,6 +109,7 @@ def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], A
                 # sets the step's stream anyway: putting the generators back would be wasted work.
                 restore_globals=not callback.seed_steps,
                 epoch_source=lambda: trainer.current_epoch,
+                allow_inexact_streams=callback.allow_inexact_streams,
             )
 
         several = split_train_loaders(loader)

@@ -92,6 +92,7 @@ def make_resumable(
     seed_samples: bool = True,
     restore_globals: bool = True,
     epoch_source: Callable[[], int] = lambda: 0,
+    allow_inexact_streams: bool = False,
 ) -> DataLoader[Any]:
     """Return ``loader`` rebuilt around a keyed `ResumableSampler` and a `SampleSeededDataset`.
 
@@ -136,6 +137,7 @@ def make_resumable(
             seed_samples=seed_samples,
             restore_globals=restore_globals,
             epoch_source=epoch_source,
+            allow_inexact=allow_inexact_streams,
         )
     if callable(getattr(dataset, "state_dict", None)) != callable(getattr(dataset, "load_state_dict", None)):
         raise UnsupportedLoaderError(

@@ -9,6 +9,7 @@ whose all-reduced gradients differ in any bit.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -38,7 +39,10 @@ def main(rank: int, world_size: int, port: int) -> None:
         not torch.equal(gradients(DistributedDataParallel(net), x), in_a_run[k]) for k, x in enumerate(inputs)
     )
     if rank == 0:
-        print(f"world size {world_size}: {differing} of {STEPS} first steps differ")
+        print(f"world size {world_size}: {differing} of {STEPS} first steps differ", flush=True)
+    del run  # no DDP wrapper outlives the group
+    gc.collect()
+    dist.barrier()  # every rank is done with the group before any tears it down (gloo aborted at exit once)
     dist.destroy_process_group()
 
 

@@ -94,6 +94,7 @@ class Scenario:
     evaluate_before_resume: bool = False
     evaluate_after_fit: bool = False
     resume_drop_last: bool | None = None
+    hf_shuffle_buffer: int = 0
 
     @property
     def batches_per_epoch(self) -> int:

@@ -123,7 +123,7 @@ class ShardedStream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         self.last_id = self._resume_after  # the state until the next sample is read
 
 
-def hf_stream(size: int, rank: int, world_size: int) -> Any:
+def hf_stream(size: int, rank: int, world_size: int, shuffle_buffer: int = 0) -> Any:
     """A Hugging Face ``datasets.IterableDataset`` from a generator over 8 local shards, augmented in
     ``map`` and split by node; nothing comes from the hub."""
     from datasets import IterableDataset as HFIterableDataset
@@ -141,6 +141,8 @@ def hf_stream(size: int, rank: int, world_size: int) -> Any:
         return {"id": int(sample_id), "x": values.tolist()}
 
     stream = HFIterableDataset.from_generator(rows, gen_kwargs={"shards": list(range(8))}).map(augment)
+    if shuffle_buffer:
+        stream = stream.shuffle(seed=7, buffer_size=shuffle_buffer)
     return split_dataset_by_node(stream, rank=rank, world_size=world_size)
 
 
@@ -358,7 +360,7 @@ class PlainData(L.LightningDataModule):
         if self.config["phase"].startswith("resume") and self.config.get("resume_num_workers") is not None:
             workers = self.config["resume_num_workers"]
         if data == "hf":
-            stream, collate = hf_stream(48, rank, world_size), hf_collate
+            stream, collate = hf_stream(48, rank, world_size, self.config.get("hf_shuffle_buffer", 0)), hf_collate
         else:
             stream, collate = ShardedStream(48, rank, world_size), None
         if not isinstance(self, ResumableDataModule):  # the library sets the epoch before each pass itself
