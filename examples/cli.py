@@ -77,6 +77,8 @@ class ExampleModel(L.LightningModule):
 def main() -> None:
     # A resume runs in the same folder as the run it continues: let it write its config over the first.
     LightningCLI(ExampleModel, ExampleData, save_config_kwargs={"overwrite": True})
+    if torch.distributed.is_initialized():  # a clean shutdown: at the interpreter's exit, gloo's threads can abort
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -118,6 +118,8 @@ def train(record_path: str, checkpoint_dir: str, resumable: bool, ckpt_path: str
     )
     data = ResumableData() if resumable else PlainData()
     trainer.fit(Model(record_path), datamodule=data, ckpt_path=ckpt_path)
+    if torch.distributed.is_initialized():  # a clean shutdown: at the interpreter's exit, gloo's threads can abort
+        torch.distributed.destroy_process_group()
 
 
 # ------------------------------------------------------------------------------------ driver side

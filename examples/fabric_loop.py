@@ -99,5 +99,7 @@ def main() -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3:  # one run, on one rank
         train(sys.argv[1], Path(sys.argv[2]))
+        torch.distributed.barrier()  # a clean shutdown: at the interpreter's exit, gloo's threads can abort
+        torch.distributed.destroy_process_group()
     else:
         sys.exit(main())

@@ -113,6 +113,8 @@ def fit(callbacks: list[L.Callback], ckpt_path: Path | None = None) -> Model:
         enable_model_summary=False,
     )
     trainer.fit(model, Data(), ckpt_path=ckpt_path)
+    if torch.distributed.is_initialized():  # a clean shutdown: at the interpreter's exit, gloo's threads can abort
+        torch.distributed.destroy_process_group()
     return model
 
 

@@ -128,6 +128,8 @@ def train(record: str, resumable: bool, stop: str | None, ckpt_path: str | None)
     )
     data = ResumableData() if resumable else PlainData()
     trainer.fit(Model(record, stop), datamodule=data, ckpt_path=ckpt_path)
+    if torch.distributed.is_initialized():  # a clean shutdown: at the interpreter's exit, gloo's threads can abort
+        torch.distributed.destroy_process_group()
 
 
 def run(work: Path, phase: str, resumable: bool, *options: str) -> dict[int, list[dict[str, Any]]]:
