@@ -67,3 +67,23 @@ def test_the_warning_on_an_affected_python_comes_once(monkeypatch: pytest.Monkey
         warnings.simplefilter("always")
         list(loader)
     assert not [w for w in caught if "gh-112275" in str(w.message)]
+
+
+def test_before_a_loader_forks_the_threads_of_another_loaders_ended_pass_are_joined(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CombinedLoader ends a short loader's pass while the long one goes on: its feeder threads end on
+    their own, and the next fork of any loader met one ending (a CI hang in the child's after-fork cleanup)."""
+    retired: list[object] = []
+    retire = workers.retire
+    monkeypatch.setattr(workers, "retire", lambda iterator: (retired.append(iterator), retire(iterator)))
+    data = TensorDataset(torch.arange(8))
+    short, long = (WorkerSafeDataLoader(data, batch_size=4, num_workers=1) for _ in range(2))
+    short_pass = iter(short)
+    list(short_pass)  # ran out: torch shut its workers down, its queues' threads are left to end
+    assert short_pass._shutdown  # type: ignore[attr-defined]
+    long_pass = iter(long)
+    assert short_pass in retired, "joined before the other loader forked"
+    assert all(not queue._thread.is_alive() for queue in short_pass._index_queues if queue._thread)  # type: ignore[attr-defined]
+    workers.retire_previous(long)
+    del long_pass

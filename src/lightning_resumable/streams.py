@@ -42,7 +42,7 @@ from lightning_resumable.errors import (
 )
 from lightning_resumable.format import GLOBAL_POSITION_ATTRIBUTE, StreamState, torchdata_release, torchdata_version
 from lightning_resumable.workers import (
-    garbage_collector_paused,
+    forking,
     leave_sigterm_to_rank,
     retire,
     warn_once_on_affected_python,
@@ -176,8 +176,8 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
             del previous
         warn_once_on_affected_python(self)
         leave_sigterm_to_rank(self)
-        with garbage_collector_paused():
-            iterator = super().__iter__()
+        with forking(super().__iter__) as iterator:
+            pass
         return self._recording(iterator)
 
     def retire_workers(self) -> None:

@@ -9,10 +9,12 @@ queues' feeder threads, closed when the pass ended but left to finish on their o
 
 Every loader this library builds therefore *retires* its previous iterator before it forks new
 workers: it shuts that iterator's workers down and joins its worker processes and its queues'
-feeder threads, so none of them is ending during the fork. The fork itself runs with the garbage
-collector paused, so no finaliser closes another iterator's queues meanwhile. On an affected
-CPython the first such fork warns once, on rank 0, because a user's own loaders (a validation loader
-with workers) are not guarded.
+feeder threads, so none of them is ending during the fork. It also joins the feeder threads of every
+other iterator of its loaders that has already shut down: a ``CombinedLoader`` ends one loader's
+pass while another goes on, and the first one's threads end while the next loader forks.
+The fork itself runs with the garbage collector paused, so no finaliser closes another iterator's
+queues meanwhile. On an affected CPython the first such fork warns once, on rank 0, because a
+user's own loaders (a validation loader with workers) are not guarded.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import gc
 import multiprocessing
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -34,6 +37,7 @@ __all__ = [
     "FORK_DEADLOCK_FIXED_IN",
     "RetiringLoader",
     "WorkerSafeDataLoader",
+    "forking",
     "forks_workers",
     "garbage_collector_paused",
     "retire",
@@ -49,6 +53,8 @@ _JOIN_TIMEOUT_S = 30.0
 queue from hanging the rank here instead."""
 
 _warned = False
+_iterators: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The iterators with workers that the library's loaders made in this process (see `forking`)."""
 
 
 @contextmanager
@@ -61,6 +67,21 @@ def garbage_collector_paused() -> Iterator[None]:
     finally:
         if collecting:
             gc.enable()
+
+
+@contextmanager
+def forking(make: Callable[[], Any]) -> Iterator[Any]:
+    """``make()``, an iterator that forks workers, made once no thread of an ended pass is ending: the
+    feeder threads of every shut-down iterator of the library's loaders are joined first, and no
+    collection runs during the fork. The new iterator is registered for the next fork."""
+    for ended in [each for each in _iterators if getattr(each, "_shutdown", False)]:
+        retire(ended)  # torch shut its workers down at its pass's end; its feeder threads may still be ending
+        _iterators.discard(ended)
+    with garbage_collector_paused():
+        iterator = make()
+    yield iterator
+    if hasattr(iterator, "_workers"):  # a multi-process iterator: its threads end when its pass does
+        _iterators.add(iterator)
 
 
 def retire(iterator: object) -> None:
@@ -117,9 +138,8 @@ def _iterator_after_retiring(loader: DataLoader[Any], make: Callable[[], Any]) -
         del previous
     warn_once_on_affected_python(loader)
     leave_sigterm_to_rank(loader)
-    with garbage_collector_paused():
-        iterator = make()
-    loader._previous_iterator = iterator
+    with forking(make) as iterator:
+        loader._previous_iterator = iterator
     return iterator
 
 
