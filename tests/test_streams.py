@@ -17,6 +17,7 @@ from lightning_resumable import (
     IncompatibleStateError,
     ResumableDataCallback,
     ResumableDataModule,
+    ResumeVerificationError,
     StateFormatError,
     StreamPositionError,
     UnsupportedLoaderError,
@@ -30,6 +31,7 @@ from lightning_resumable.streams import (
     make_stream_resumable,
     state_for_rank,
 )
+from lightning_resumable.verification import check_first_stream_batches, digest_of
 
 from .helpers import Model, trainer
 
@@ -157,7 +159,7 @@ def test_a_state_from_a_newer_torchdata_is_refused_and_an_older_ones_read() -> N
 def test_a_version_1_stream_state_reads_without_a_torchdata_version() -> None:
     raw = {key: value for key, value in saved_on(2, 0).to_dict().items() if key != "torchdata"}
     state = StreamState.from_dict({**raw, "version": 1})
-    assert (state.torchdata, state.version) == ("", 2)
+    assert (state.torchdata, state.next_batch, state.version) == ("", None, 3)
     with pytest.raises(StateFormatError, match="must be str"):
         StreamState.from_dict({**saved_on(2, 0).to_dict(), "torchdata": 11})
 
@@ -174,7 +176,10 @@ def test_the_mixin_refuses_a_stateless_stream_before_training(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"version": 9}, r"reads \(1, 2\)"),
+        ({"version": 9}, r"reads \(1, 2, 3\)"),
+        ({"next_batch": ["0" * 16]}, "one 16-digit hex digest"),
+        ({"next_batch": ["0" * 16, "X" * 16]}, "one 16-digit hex digest"),
+        ({"next_batch": "0" * 16}, "'next_batch' must be list"),
         ({"epoch": "1"}, "'epoch' must be int"),
         ({"finished": 1}, "'finished' must be bool"),
         ({"ranks": [{}]}, "one loader state per rank"),
@@ -183,3 +188,39 @@ def test_the_mixin_refuses_a_stateless_stream_before_training(tmp_path: Path) ->
 def test_a_malformed_stream_state_is_refused(change: dict[str, Any], message: str) -> None:
     with pytest.raises(StateFormatError, match=message):
         StreamState.from_dict({**saved_on(2, 0).to_dict(), **change})
+
+
+def test_a_version_2_stream_state_reads_without_next_batch_digests() -> None:
+    """0.2.x recorded no digest of each rank's next batch: such a resume is not verified."""
+    raw = {key: value for key, value in saved_on(2, 0).to_dict().items() if key != "next_batch"}
+    assert StreamState.from_dict({**raw, "version": 2}).next_batch is None
+    with pytest.raises(StateFormatError, match="missing keys"):
+        StreamState.from_dict({**raw, "version": 3})
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_read_ahead_batch_is_digested_and_the_first_restored_batch_compared(num_workers: int) -> None:
+    """A stream's batch cannot be fetched again from a state: the batch Lightning read ahead at the save
+    is digested, and the first batch read after the restore is digested for the comparison."""
+    loader = stream_loader(num_workers)
+    batches = iter(loader)
+    seen = [next(batches) for _ in range(4)]  # 3 trained, the 4th read ahead
+    assert loader.next_batch_digest(3) == digest_of(seen[3])
+    assert loader.next_batch_digest(5) == ""  # not read yet: nothing to record
+    restored = stream_loader(num_workers)
+    restored.restore(loader.state_after(3), batches=3, next_batch=loader.next_batch_digest(3))
+    assert restored.first_batch is None
+    next(iter(restored))
+    assert restored.first_batch == (digest_of(seen[3]), digest_of(seen[3]))
+    elsewhere = stream_loader(num_workers)
+    elsewhere.restore(loader.state_after(2), batches=3, next_batch=loader.next_batch_digest(3))  # one batch early
+    next(iter(elsewhere))
+    assert elsewhere.first_batch == (digest_of(seen[3]), digest_of(seen[2]))
+
+
+def test_first_stream_batches_that_differ_are_refused_naming_each_rank() -> None:
+    check_first_stream_batches([("a" * 16, "a" * 16), None], epoch=1, batches=3)  # rank 1 recorded nothing
+    with pytest.raises(ResumeVerificationError, match="after 3 batches") as refused:
+        check_first_stream_batches([("a" * 16, "a" * 16), ("b" * 16, "c" * 16), ("d" * 16, "e" * 16)], 1, 3)
+    assert "rank 0" not in str(refused.value)
+    assert f"rank 1 read a batch with digest {'c' * 16}, not {'b' * 16}; rank 2 read" in str(refused.value)

@@ -274,6 +274,8 @@ class ResumableDataCallback(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if self._owner is not None:
+            self._owner.check_first_batch()  # a stream's resumed batch, before it trains
         batch_idx = self._batches.at_batch_start(trainer.current_epoch, batch_idx)
         if self.seed_steps and self._seed is not None:
             seed_training_step(self._seed, trainer.current_epoch, batch_idx)

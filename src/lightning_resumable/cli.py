@@ -30,7 +30,6 @@ from lightning_resumable.format import (
     LoaderState,
     StreamState,
     parse,
-    stream_length,
 )
 
 __all__ = ["main", "summarise"]
@@ -68,7 +67,7 @@ def load_data_state(path: Path) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
 
 def _loader_summary(saved: LoaderState, written_version: object) -> dict[str, Any]:
     state = saved.state.to_dict()
-    length = stream_length(saved.state)
+    length = saved.state.stream_length
     summary: dict[str, Any] = {"kind": "map-style", **state}
     summary["version"] = written_version  # as written (an older version is read as the current one)
     if length:

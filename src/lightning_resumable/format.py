@@ -41,7 +41,6 @@ __all__ = [
     "PartialAccumulation",
     "StreamState",
     "parse",
-    "stream_length",
     "torchdata_version",
 ]
 
@@ -70,10 +69,10 @@ GLOBAL_POSITION_ATTRIBUTE = "resumable_global_position"
 """A stream dataset's attribute: ``True`` declares its state the same on every rank and valid on any world size."""
 
 _DIGEST_HEX = 16
-STREAM_STATE_VERSION = 2
-# Version 1 (development, never released) did not record torchdata's version.
-_READABLE_STREAM_VERSIONS = (1, 2)
-_LENGTH_IN_DRAWS = re.compile(r"(?:num_samples|size)=(\d+)")
+STREAM_STATE_VERSION = 3
+# Version 1 (development, never released) did not record torchdata's version; versions 1 and 2 (0.2.x)
+# did not record the digests of each rank's next batch.
+_READABLE_STREAM_VERSIONS = (1, 2, 3)
 
 
 def _mapping(raw: object, what: str) -> Mapping[str, Any]:
@@ -92,6 +91,11 @@ def _keys(raw: Mapping[str, Any], required: set[str], optional: set[str], what: 
         raise StateFormatError(f"{what}: missing keys {sorted(missing)}, unexpected keys {sorted(unknown)}")
 
 
+def _is_digest(value: object) -> bool:
+    """A 16-digit hex digest (`lightning_resumable.verification.digest_of`)."""
+    return isinstance(value, str) and len(value) == _DIGEST_HEX and re.fullmatch(r"[0-9a-f]+", value) is not None
+
+
 @dataclass(frozen=True)
 class BatchFingerprint:
     """Digests (16 hex digits each) of one rank's next batch: its sample keys and its content."""
@@ -105,16 +109,8 @@ class BatchFingerprint:
     @classmethod
     def from_list(cls, raw: object) -> BatchFingerprint:
         """Parse the persisted form, a list of two 16-digit hex strings."""
-        if (
-            not isinstance(raw, list)
-            or len(raw) != 2
-            or not all(isinstance(d, str) and len(d) == _DIGEST_HEX for d in raw)
-        ):
+        if not isinstance(raw, list) or len(raw) != 2 or not all(_is_digest(digest) for digest in raw):
             raise StateFormatError(f"a batch fingerprint must be two 16-digit hex strings, got {raw!r:.200}")
-        try:
-            bytes.fromhex(raw[0] + raw[1])
-        except ValueError:
-            raise StateFormatError(f"a batch fingerprint must be hex, got {raw!r}") from None
         return cls(ids=raw[0], content=raw[1])
 
 
@@ -212,6 +208,9 @@ class StreamState:
             worker's stream state).
         torchdata: the torchdata version whose ``StatefulDataLoader`` wrote ``ranks`` (an older
             torchdata cannot read a newer one's state); ``""`` if not recorded.
+        next_batch: each rank's digest of the batch it trains next (Lightning had read it ahead), in
+            rank order; ``""`` for a rank that had not read it; ``None`` if not recorded (no
+            verification, or a state before version 3).
     """
 
     seed: int
@@ -223,6 +222,7 @@ class StreamState:
     finished: bool
     ranks: list[dict[str, Any]]
     torchdata: str = ""
+    next_batch: list[str] | None = None
     version: int = STREAM_STATE_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -237,10 +237,16 @@ class StreamState:
                 f"stream state version {version!r} is not supported (this library reads {_READABLE_STREAM_VERSIONS})"
             )
         if version == 1:
-            raw = {**raw, "torchdata": "", "version": STREAM_STATE_VERSION}
+            raw = {**raw, "torchdata": ""}
+        if version in (1, 2):
+            raw = {**raw, "next_batch": None, "version": STREAM_STATE_VERSION}
         _keys(raw, {field.name for field in fields(cls)}, set(), "a stream state")
         for field in fields(cls):
-            expected = {"bool": bool, "str": str, "list[dict[str, Any]]": list}.get(str(field.type), int)
+            expected = {"bool": bool, "str": str, "list[dict[str, Any]]": list, "list[str] | None": list}.get(
+                str(field.type), int
+            )
+            if field.name == "next_batch" and raw[field.name] is None:
+                continue  # not recorded
             if type(raw[field.name]) is not expected:
                 raise StateFormatError(
                     f"stream state key {field.name!r} must be {expected.__name__}, got {type(raw[field.name]).__name__}"
@@ -252,6 +258,14 @@ class StreamState:
             raise StateFormatError(f"the stream state must hold one loader state per rank ({state.world_size})")
         if state.torchdata:
             torchdata_release(state.torchdata)
+        if state.next_batch is not None and (
+            len(state.next_batch) != state.world_size
+            or not all(digest == "" or _is_digest(digest) for digest in state.next_batch)
+        ):
+            raise StateFormatError(
+                f'a stream state\'s next_batch must hold one 16-digit hex digest (or "") per rank'
+                f" ({state.world_size}), got {state.next_batch!r:.200}"
+            )
         return state
 
 
@@ -361,13 +375,3 @@ def _parse_unversioned(raw: Mapping[str, Any], partial: PartialAccumulation | No
     if TRAIN in body:
         return Envelope(LoaderState.from_dict(body), partial_accumulation=partial)
     raise StateFormatError(f"the data state holds none of the known kinds: keys {sorted(body)[:10]}")
-
-
-def stream_length(state: DataState) -> int | None:
-    """Positions in the epoch's global stream as the state's ``draws`` describes it: the dataset size
-    for a permutation, ``num_samples=`` or ``size=`` of other draws (`lightning_resumable.draws`
-    writes them so), ``None`` for a batch sampler's stream, whose length is its own."""
-    if state.draws in ("permutation", "sequential"):
-        return state.dataset_size
-    found = _LENGTH_IN_DRAWS.search(state.draws)
-    return int(found.group(1)) if found else None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from lightning_resumable.combined import loader_position
@@ -35,7 +36,7 @@ from lightning_resumable.sampled_loader import SampledLoader
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
 from lightning_resumable.streams import StreamLoader, loader_state_finished, state_for_rank
-from lightning_resumable.verification import all_gather_objects, digest_of
+from lightning_resumable.verification import all_gather_objects, check_first_stream_batches, digest_of
 from lightning_resumable.workers import retire_previous
 
 __all__ = ["LoaderOwner", "LoadersOwner", "Owner", "SavePoint", "StreamOwner", "WorldSizePolicy"]
@@ -97,6 +98,11 @@ class Owner(ABC):
     def start(self, trainer: pl.Trainer, batches: int) -> int:
         """At the train start: refuse a trainer resuming elsewhere than the data (``batches``: its count),
         verify the next batches; the index of the first batch this process trains."""
+
+    def check_first_batch(self) -> None:
+        """Before the first batch a process trains: verify it where it could not be re-fetched at the
+        train start; collective. A map-style loader's next batches were verified at the start."""
+        return None
 
     @abstractmethod
     def trained_ids(self, batch: Any, batch_idx: int) -> Any:
@@ -231,6 +237,7 @@ class StreamOwner(Owner):
         check_contract(loader, owned=(loader.dataset,))
         self.loader, self.rank, self.world_size = loader, rank, world_size
         self.resumes_at: tuple[int, int | None] | None = None  # (epoch, batches); no count for a fresh epoch
+        self.verifying: tuple[int, int] | None = None  # (epoch, batches) whose next batch is verified
 
     def restore(self, saved: Body, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
         self.refuse_other_kind(saved)
@@ -240,7 +247,13 @@ class StreamOwner(Owner):
             self.loader.start_epoch(saved.epoch + 1)
             self.resumes_at = (saved.epoch + 1, None)
         elif saved.epoch == epoch:
-            self.loader.restore(state, saved.batches)
+            # Each rank verifies its own next batch, on the world size that recorded them.
+            if verify and saved.next_batch is None:
+                rank_zero_info("lightning_resumable: the checkpoint holds no batch digest; the resume is not verified")
+            verifiable = verify and saved.world_size == self.world_size and not self.loader.inexact
+            recorded = saved.next_batch if verifiable else None
+            self.loader.restore(state, saved.batches, recorded[self.rank] if recorded else "")
+            self.verifying = (saved.epoch, saved.batches) if recorded else None
             self.resumes_at = (saved.epoch, saved.batches)
         else:
             raise IncompatibleStateError(
@@ -255,7 +268,9 @@ class StreamOwner(Owner):
         if not at.collective:
             return STREAM_OFF_PATH
         check_contract(self.loader, owned=(self.loader.dataset,))
-        ranks = all_gather_objects(self.loader.state_after(at.batches))
+        mine = self.loader.state_after(at.batches), self.loader.next_batch_digest(at.batches) if at.verify else ""
+        gathered = all_gather_objects(mine)
+        ranks = [state for state, _ in gathered]
         return StreamState(
             seed=at.seed,
             epoch=at.epoch,
@@ -266,6 +281,7 @@ class StreamOwner(Owner):
             finished=all(loader_state_finished(each) for each in ranks),
             ranks=ranks,
             torchdata=torchdata_version(),
+            next_batch=[digest for _, digest in gathered] if at.verify else None,
         )
 
     def start(self, trainer: pl.Trainer, batches: int) -> int:
@@ -278,6 +294,11 @@ class StreamOwner(Owner):
                 f" resumes epoch {trainer.current_epoch} after {batches}"
             )
         return stream_batches or 0
+
+    def check_first_batch(self) -> None:
+        if self.verifying is not None:
+            (epoch, batches), self.verifying = self.verifying, None
+            check_first_stream_batches(all_gather_objects(self.loader.first_batch), epoch, batches)
 
     def trained_ids(self, batch: Any, batch_idx: int) -> str:
         return digest_of(batch)  # a stream's samples have no index

@@ -8,6 +8,7 @@ only ints, bools and strings, so a checkpoint stays loadable with ``torch.load(w
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -20,6 +21,7 @@ STATE_VERSION = 4
 # Version 1 had no ``draws`` (it was always a permutation); versions 1 and 2 had no ``cycle`` (always 0);
 # versions 1 to 3 did not record the loader's ``drop_last`` (``drop_last_batch`` is None: not checked).
 _READABLE_VERSIONS = (1, 2, 3, 4)
+_LENGTH_IN_DRAWS = re.compile(r"(?:num_samples|size)=(\d+)")
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,16 @@ class DataState:
         if state.dataset_size < 1 or state.batch_size < 1 or state.world_size < 1:
             raise StateFormatError(f"data state has a non-positive size: {state}")
         return state
+
+    @property
+    def stream_length(self) -> int | None:
+        """Positions in the epoch's global stream as ``draws`` describes it: the dataset size for a
+        permutation, ``num_samples=`` or ``size=`` of other draws (`lightning_resumable.draws` writes
+        them so), ``None`` for a batch sampler's stream, whose length is its own."""
+        if self.draws in ("permutation", "sequential"):
+            return self.dataset_size
+        found = _LENGTH_IN_DRAWS.search(self.draws)
+        return int(found.group(1)) if found else None
 
     def check_same_data(self, current: DataState) -> None:
         """Raise if ``current`` (the running setup) would read a different stream than the saved one.

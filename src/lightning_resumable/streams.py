@@ -41,6 +41,7 @@ from lightning_resumable.errors import (
     WorldSizeChangedError,
 )
 from lightning_resumable.format import GLOBAL_POSITION_ATTRIBUTE, StreamState, torchdata_release, torchdata_version
+from lightning_resumable.verification import digest_of
 from lightning_resumable.workers import (
     forking,
     leave_sigterm_to_rank,
@@ -159,6 +160,10 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
         self._restored_batches: int | None = None
         self._next_epoch: int | None = None  # the epoch of the next pass, when not the trainer's (yet)
         self._states: dict[int, dict[str, Any]] = {}
+        self._read: dict[int, Any] = {}  # the last batches yielded, by index: the look-ahead's is fingerprinted
+        self._expected_first: str | None = None  # the digest the first batch after a restore must have
+        self.first_batch: tuple[str, str] | None = None  # (expected, read) digests of that batch, once read
+        self.inexact = False  # known not to resume exactly (allowed by the user): not verified
 
     def __iter__(self) -> Iterator[Any]:
         stream = self.dataset
@@ -166,7 +171,7 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
         epoch, self._next_epoch = (self.epoch_source() if self._next_epoch is None else self._next_epoch), None
         stream.set_epoch(epoch)  # before the workers get their copy
         self.batches_yielded, self._restored_batches = self._restored_batches or 0, None
-        self._states = {}
+        self._states, self._read = {}, {}
         # Retire the previous pass's iterator (its workers and feeder threads) before new workers are
         # forked (see lightning_resumable.workers): 2 hangs in 11 runs of 3 epochs before, none in 22 after.
         if not self._initial_iter_for_state_dict:  # else that iterator holds a restored state: keep it
@@ -190,11 +195,15 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
         while True:
             self._states[self.batches_yielded] = copy.deepcopy(StatefulDataLoader.state_dict(self))
             self._states.pop(self.batches_yielded - _STATES_KEPT, None)
+            self._read.pop(self.batches_yielded - _STATES_KEPT, None)
             try:
                 batch = next(batches)
             except StopIteration:
                 self._states[self.batches_yielded] = copy.deepcopy(StatefulDataLoader.state_dict(self))
                 return
+            if self._expected_first is not None:
+                self.first_batch, self._expected_first = (self._expected_first, digest_of(batch)), None
+            self._read[self.batches_yielded] = batch
             self.batches_yielded += 1
             yield batch
 
@@ -214,10 +223,21 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
             f" {self.batches_yielded}; its state at batch {batches} is not known"
         )
 
-    def restore(self, state: Mapping[str, Any], batches: int) -> None:
-        """Continue the next iteration from ``state``, ``batches`` batches into the epoch."""
+    def next_batch_digest(self, batches: int) -> str:
+        """The digest of batch ``batches`` of the epoch (the one after ``batches`` completed ones), if it
+        has been read (Lightning reads a batch ahead); else ``""``.
+
+        At a save between steps that batch has not reached ``training_step`` yet, so it is as the
+        loader made it.
+        """
+        return digest_of(self._read[batches]) if batches in self._read else ""
+
+    def restore(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
+        """Continue the next iteration from ``state``, ``batches`` batches into the epoch; ``next_batch``:
+        the digest the first batch read must have (`first_batch` holds the outcome), ``""``: unknown."""
         StatefulDataLoader.load_state_dict(self, dict(state))
         self._restored_batches = batches
+        self._expected_first, self.first_batch = next_batch or None, None
 
     def start_epoch(self, epoch: int) -> None:
         """Make the next iteration a fresh pass of ``epoch`` (a resume after an epoch's last batch: Lightning
@@ -326,7 +346,7 @@ def make_stream_resumable(
     extra: dict[str, Any] = {}
     if loader.num_workers > 0:
         extra["prefetch_factor"] = loader.prefetch_factor
-    return StreamLoader(
+    made = StreamLoader(
         stream,
         batch_size=loader.batch_size,
         num_workers=loader.num_workers,
@@ -342,3 +362,5 @@ def make_stream_resumable(
         epoch_source=epoch_source,
         **extra,
     )
+    made.inexact = buffer is not None  # its resumes are not exact: not verified either
+    return made

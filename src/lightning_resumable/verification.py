@@ -34,7 +34,13 @@ from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
 
-__all__ = ["BatchFingerprint", "all_gather_objects", "check_fingerprints", "fingerprint_next_batch"]
+__all__ = [
+    "BatchFingerprint",
+    "all_gather_objects",
+    "check_fingerprints",
+    "check_first_stream_batches",
+    "fingerprint_next_batch",
+]
 
 _DIGEST_BYTES = 8
 
@@ -161,4 +167,31 @@ def check_fingerprints(
             + "; ".join(problems)
             + ". If the dataset cannot return the same content twice under a fixed seed (it reads the clock or"
             " a changing source), pass ResumableDataCallback(verify=False)"
+        )
+
+
+def check_first_stream_batches(read: Sequence[tuple[str, str] | None], epoch: int, batches: int) -> None:
+    """Compare each rank's first batch after a stream's restore with the digest its checkpoint recorded.
+
+    A stream's batch cannot be fetched again from a state (only read on), so each rank's loader
+    digests the first batch it reads, before it trains; ``read`` holds every rank's
+    ``(recorded, read)`` digests, ``None`` for a rank with nothing recorded.
+
+    Raises:
+        ResumeVerificationError: on every rank, naming each rank whose batch differs.
+    """
+    problems = [
+        f"rank {rank} read a batch with digest {pair[1]}, not {pair[0]}"
+        for rank, pair in enumerate(read)
+        if pair is not None and pair[0] != pair[1]
+    ]
+    if problems:
+        raise ResumeVerificationError(
+            f"the first batch after the checkpoint (epoch {epoch}, after {batches} batches) is not the batch the"
+            " checkpoint recorded; training on would not continue the interrupted run. "
+            + "; ".join(problems)
+            + ". Each rank must restore its own stream state (were the ranks' states swapped or edited?), on"
+            " the same data (a stream that drops buffered samples or reads other shards after a restore"
+            " differs too). If the stream cannot yield the same"
+            " batch twice, pass ResumableDataCallback(verify=False)"
         )

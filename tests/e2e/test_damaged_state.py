@@ -45,3 +45,25 @@ def test_a_shuffled_hugging_face_stream_is_refused_on_every_rank_unless_allowed(
     trained = run_phase(allowed, "full", tmp_path / "allowed", tmp_path / "x.ckpt")
     assert all(len(steps) == allowed.batches_per_epoch * allowed.epochs for steps in trained.values())
     assert "shuffle buffer (16 samples) is not saved" in (tmp_path / "allowed" / "full.log").read_text()
+
+
+STREAM = Scenario(world_size=2, num_workers=2, loader="StatefulDataLoader", data="stream", stop_kind="batch_end")
+
+
+def test_swapped_stream_states_are_refused_on_every_rank_naming_the_ranks(runner: Runner, tmp_path: Path) -> None:
+    """Each rank of a stream restores its own state from the checkpoint: with rank 0's and rank 1's states
+    swapped, each read the other's shard on, silently (a stream's batch cannot be re-fetched from a state).
+    Each rank's first resumed batch is now compared with the digest it recorded, before it trains."""
+    runner.stopped(STREAM)
+    checkpoint = torch.load(runner.checkpoint(STREAM), weights_only=True)
+    stream = checkpoint["callbacks"]["ResumableDataCallback"]["state"]
+    assert stream["next_batch"][0] != stream["next_batch"][1] != ""
+    stream["ranks"].reverse()
+    damaged = tmp_path / "swapped.ckpt"
+    torch.save(checkpoint, damaged)
+    resumed = run_phase(STREAM, "resume-swapped", tmp_path / "run", damaged, expect_failure=True)
+    assert not any(resumed.values()), "a resumed step trained"
+    log = (tmp_path / "run" / "resume-swapped.log").read_text()
+    for rank in range(STREAM.world_size):
+        assert f"[rank{rank}]: lightning_resumable.errors.ResumeVerificationError: the first batch after" in log
+    assert "rank 0 read a batch with digest" in log and "rank 1 read a batch with digest" in log

@@ -92,8 +92,9 @@ def augmented(sample_id: int) -> tuple[torch.Tensor, torch.Tensor]:
 class ShardedStream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     """A user's stateful stream: rank ``r`` of ``W`` reads ids ``r, r + W, ...``, each worker every
     ``num_workers``-th of those, reshuffled each pass by ``(1000 + epoch)``. Its state (one per worker
-    copy) is the epoch and the id it read last, a cursor as a file offset would be: it differs between
-    ranks and workers, so a copy restored with another one's state fails to find its id."""
+    copy) is the epoch, the shard it reads (the rank's, as a file reader names its file) and the id it
+    read last, a cursor as a file offset would be. A copy restored with another rank's state reads that
+    rank's shard on from its cursor, as a file reader would, without an error."""
 
     def __init__(self, size: int, rank: int, world_size: int) -> None:
         self.size, self.rank, self.world_size = size, rank, world_size
@@ -116,10 +117,10 @@ class ShardedStream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
             yield augmented(sample_id)
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "last_id": self.last_id}
+        return {"epoch": self.epoch, "shard": self.rank, "last_id": self.last_id}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self._resume_after = state["epoch"], state["last_id"]
+        self.epoch, self.rank, self._resume_after = state["epoch"], state["shard"], state["last_id"]
         self.last_id = self._resume_after  # the state until the next sample is read
 
 
