@@ -33,6 +33,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lightning_resumable import randomness
 from lightning_resumable._datasets import shuffle_buffer_size
 from lightning_resumable._keys import stream_key, stream_sample_seed
+from lightning_resumable._torchdata import check_loader_state
 from lightning_resumable.errors import (
     IncompatibleStateError,
     StreamPositionError,
@@ -259,6 +260,7 @@ def state_for_rank(
         WorldSizeChangedError: another world size, and the dataset's position is per rank.
         WorkerCountChangedError: another number of workers per process.
         IncompatibleStateError: the state was written by a newer torchdata than the installed one.
+        StateFormatError: a rank's state is not a loader state of that number of workers.
     """
     installed = torchdata_version() if torchdata is None else torchdata
     if saved.torchdata and torchdata_release(installed) < torchdata_release(saved.torchdata):
@@ -280,6 +282,8 @@ def state_for_rank(
             f" resumes with num_workers={num_workers}: each worker reads its own slice of the stream, so the"
             f" saved worker states mean other data. Resume with num_workers={saved.num_workers}"
         )
+    for each, state in enumerate(saved.ranks):  # every rank checks them all: a refusal on every rank
+        check_loader_state(state, saved.num_workers, each)
     return saved.ranks[rank if world_size == saved.world_size else 0]
 
 

@@ -67,3 +67,19 @@ def test_swapped_stream_states_are_refused_on_every_rank_naming_the_ranks(runner
     for rank in range(STREAM.world_size):
         assert f"[rank{rank}]: lightning_resumable.errors.ResumeVerificationError: the first batch after" in log
     assert "rank 0 read a batch with digest" in log and "rank 1 read a batch with digest" in log
+
+
+def test_an_emptied_stream_state_of_one_rank_is_refused_on_every_rank(runner: Runner, tmp_path: Path) -> None:
+    """torchdata restores a loader state of ``{}`` without an error and reads the stream from its start. Every
+    rank checks every rank's state against torchdata's structure, so all refuse, not only rank 1 (which
+    would leave rank 0 waiting in its first collective)."""
+    runner.stopped(STREAM)
+    checkpoint = torch.load(runner.checkpoint(STREAM), weights_only=True)
+    checkpoint["callbacks"]["ResumableDataCallback"]["state"]["ranks"][1] = {}
+    damaged = tmp_path / "emptied-rank.ckpt"
+    torch.save(checkpoint, damaged)
+    resumed = run_phase(STREAM, "resume-emptied-rank", tmp_path / "run", damaged, expect_failure=True)
+    assert not any(resumed.values()), "a resumed step trained"
+    log = (tmp_path / "run" / "resume-emptied-rank.log").read_text()
+    for rank in range(STREAM.world_size):
+        assert f"[rank{rank}]: lightning_resumable.errors.StateFormatError: rank 1's stream loader state lacks" in log
