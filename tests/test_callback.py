@@ -16,10 +16,11 @@ from lightning_resumable import (
     ResumableDataCallback,
     ResumableDataModule,
     ResumableSampler,
+    StateFormatError,
     WorldSizeChangedError,
 )
 
-from .helpers import Data, Model, PlainData, assert_resumes_exactly, checkpoint_with_callback, trainer
+from .helpers import Data, Model, PlainData, SaveAtStep, assert_resumes_exactly, checkpoint_with_callback, trainer
 
 
 def test_mixin_without_callback_is_refused(tmp_path: Path) -> None:
@@ -82,7 +83,8 @@ def test_checkpoint_of_another_dataset_size_is_refused(tmp_path: Path) -> None:
 def test_changed_world_size_is_refused_when_the_callback_is_strict(tmp_path: Path) -> None:
     path = checkpoint_with_callback(tmp_path)
     checkpoint = torch.load(path, weights_only=True)
-    checkpoint["callbacks"]["ResumableDataCallback"]["state"]["train"]["world_size"] = 2
+    state = checkpoint["callbacks"]["ResumableDataCallback"]["state"]["train"]
+    state["world_size"], state["position"] = 2, 2 * state["position"]  # as 2 processes would have written it
     del checkpoint["callbacks"]["ResumableDataCallback"]["state"]["next_batch"]  # one rank's fingerprint: drop it
     torch.save(checkpoint, path)
     strict = ResumableDataCallback(allow_world_size_change=False)
@@ -100,6 +102,36 @@ def test_data_state_disagreeing_with_trainer_progress_is_refused(tmp_path: Path)
         IncompatibleStateError, match=r"resumes after 2 batches of epoch 0 but the trainer.s count means 3"
     ):
         trainer(tmp_path, [ResumableDataCallback()]).fit(Model(), Data(), ckpt_path=path)
+
+
+@pytest.mark.parametrize("position", [8, 40], ids=["one-batch-ahead", "past-the-epoch"])
+def test_a_position_moved_off_the_trainers_count_is_refused(tmp_path: Path, position: int) -> None:
+    """With the fingerprints removed, a position past the epoch used to skip the rest of it silently."""
+    path = checkpoint_with_callback(tmp_path)
+    checkpoint = torch.load(path, weights_only=True)
+    saved = checkpoint["callbacks"]["ResumableDataCallback"]["state"]
+    del saved["next_batch"]
+    assert (saved["train"]["position"], saved["train"]["batches"]) == (6, 3)
+    saved["train"]["position"] = position
+    torch.save(checkpoint, path)
+    with pytest.raises(StateFormatError, match=f"position {position} is not where 3 batches of 2 on 1 processes"):
+        trainer(tmp_path, [ResumableDataCallback()]).fit(Model(), Data(), ckpt_path=path)
+
+
+def test_a_resume_on_another_world_size_anchors_the_positions_after_it(tmp_path: Path) -> None:
+    """Saved after 3 batches on 2 processes (position 12), resumed on 1: the next save, one batch later,
+    is at position 12 + 2 and records its anchor there, and that checkpoint resumes in turn."""
+    path = checkpoint_with_callback(tmp_path)
+    checkpoint = torch.load(path, weights_only=True)
+    saved = checkpoint["callbacks"]["ResumableDataCallback"]["state"]
+    saved["train"]["world_size"], saved["train"]["position"] = 2, 12
+    del saved["next_batch"]  # one rank's fingerprint
+    torch.save(checkpoint, path)
+    again = tmp_path / "again.ckpt"
+    trainer(tmp_path, [ResumableDataCallback(), SaveAtStep(4, again)]).fit(Model(), Data(), ckpt_path=path)
+    state = torch.load(again, weights_only=True)["callbacks"]["ResumableDataCallback"]["state"]["train"]
+    assert [state[key] for key in ("position", "batches", "anchor_position", "anchor_batches")] == [14, 4, 12, 3]
+    trainer(tmp_path, [ResumableDataCallback()]).fit(Model(), Data(), ckpt_path=again)
 
 
 def test_single_process_resume_is_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,6 +38,13 @@ def test_round_trip_keeps_every_value() -> None:
         ({"shuffle": 1}, "'shuffle' must be bool"),
         ({"position": -1}, "negative"),
         ({"batch_size": 0}, "non-positive"),
+        ({"anchor_position": 0}, "two ints or two None"),
+        ({"anchor_position": 0, "anchor_batches": 6}, "anchor .* lies after its position"),
+        ({"anchor_position": 0, "anchor_batches": 0, "position": 48}, r"position 48 is not where 5 batches .*\(40"),
+        ({"anchor_position": 0, "anchor_batches": 0, "position": 41}, r"position 41 is not where"),
+        ({"anchor_position": 0, "anchor_batches": 0, "position": 112, "batches": 14}, "past the end of its epoch"),
+        ({"position": 108, "batches": 27}, "past the end of its epoch"),  # no anchor: the bound only
+        ({"anchor_position": 0, "anchor_batches": "0"}, "'anchor_batches' must be int"),
     ],
 )
 def test_malformed_state_is_refused(change: dict[str, Any], message: str) -> None:
@@ -69,3 +76,21 @@ def test_the_version_is_pyproject_tomls() -> None:
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     assert lightning_resumable.__version__ == pyproject["project"]["version"]
+
+
+def test_the_position_is_checked_from_the_anchor() -> None:
+    """One world size ran the epoch: ``batches`` of ``batch_size`` on ``world_size`` ranks. A resume on
+    another world size moved the anchor to its restored place: the position counts on from there."""
+    assert DataState.from_dict({**valid(), "anchor_position": 0, "anchor_batches": 0}).position == 40
+    resized = {**valid(), "anchor_position": 36, "anchor_batches": 3, "position": 52, "batches": 5}
+    assert DataState.from_dict(resized).position == 36 + 2 * 4 * 2
+    padded = {**valid(), "anchor_position": 0, "anchor_batches": 0, "position": 104, "batches": 13}
+    assert DataState.from_dict(padded).position == 104  # the last batch, padded on every rank
+
+
+def test_a_version_4_state_reads_without_an_anchor() -> None:
+    raw = {key: value for key, value in valid().items() if not key.startswith("anchor_")}
+    state = DataState.from_dict({**raw, "version": 4})
+    assert (state.anchor_position, state.anchor_batches, state.version) == (None, None, 5)
+    with pytest.raises(StateFormatError, match="lacks the key 'anchor_position'"):
+        DataState.from_dict({**raw, "version": 5})

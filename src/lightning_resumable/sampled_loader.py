@@ -40,6 +40,9 @@ class SampledLoader:
         check_contract(loader, owned=(sampler,))
         self.loader, self.sampler, self.key = loader, sampler, key
         self.to_verify: tuple[DataState, list[BatchFingerprint]] | None = None
+        # (epoch, cycle, anchor position, anchor batches): where this world size took over in that
+        # epoch's stream (None, None: not recorded); in any other, the stream's start.
+        self.anchored: tuple[int, int, int | None, int | None] = (-1, -1, 0, 0)
 
     @property
     def where(self) -> str:
@@ -50,7 +53,11 @@ class SampledLoader:
 
     def restore(self, saved: LoaderState, verify: bool) -> None:
         """Apply a saved state (the sampler's, then the dataset's); the world size is the caller's to police."""
-        self.sampler.restore(saved.state)  # refuses another setup before anything changes
+        state = saved.state
+        self.sampler.restore(state)  # refuses another setup before anything changes
+        resized = state.world_size != self.sampler.num_replicas
+        anchor = (state.position, state.batches) if resized else (state.anchor_position, state.anchor_batches)
+        self.anchored = (state.epoch, state.cycle, *anchor)
         self._restore_dataset(saved.dataset)
         if not verify:
             return
@@ -114,6 +121,8 @@ class SampledLoader:
         else:
             sampler.set_consumed_batches(batches)
             state = sampler.data_state()
+        anchor = self.anchored[2:] if self.anchored[:2] == (state.epoch, state.cycle) else (0, 0)
+        state = replace(state, anchor_position=anchor[0], anchor_batches=anchor[1])
         fingerprints = None
         if at.verify and at.collective:
             mine = fingerprint_next_batch(self.loader, state, sampler.rank, sampler.num_replicas)

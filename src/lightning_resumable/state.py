@@ -17,10 +17,11 @@ from lightning_resumable.errors import IncompatibleStateError, StateFormatError
 
 __all__ = ["STATE_VERSION", "DataState"]
 
-STATE_VERSION = 4
+STATE_VERSION = 5
 # Version 1 had no ``draws`` (it was always a permutation); versions 1 and 2 had no ``cycle`` (always 0);
-# versions 1 to 3 did not record the loader's ``drop_last`` (``drop_last_batch`` is None: not checked).
-_READABLE_VERSIONS = (1, 2, 3, 4)
+# versions 1 to 3 did not record the loader's ``drop_last`` (``drop_last_batch`` is None: not checked);
+# versions 1 to 4 had no anchor (``None``: the position is only checked to lie within the epoch).
+_READABLE_VERSIONS = (1, 2, 3, 4, 5)
 _LENGTH_IN_DRAWS = re.compile(r"(?:num_samples|size)=(\d+)")
 
 
@@ -45,6 +46,11 @@ class DataState:
             ``max_size_cycle`` restarts a shorter loader); each cycle is a stream of its own.
         drop_last_batch: the loader's ``drop_last`` (drop each rank's last incomplete batch);
             ``None`` in a state written before version 4, which did not record it.
+        anchor_position, anchor_batches: where the epoch's current world size took over (``0, 0``
+            unless a resume on another world size happened in this epoch), so that ``position`` is
+            ``anchor_position + (batches - anchor_batches) * batch_size * world_size``: the position
+            is checked against the trainer's count. ``None`` where not recorded (a sampler's own
+            ``state_dict``, or a state before version 5): then it is only checked to lie in the epoch.
     """
 
     seed: int
@@ -59,6 +65,8 @@ class DataState:
     draws: str = "permutation"
     cycle: int = 0
     drop_last_batch: bool | None = False
+    anchor_position: int | None = None
+    anchor_batches: int | None = None
     version: int = STATE_VERSION
 
     def to_dict(self) -> dict[str, int | bool | str | None]:
@@ -80,14 +88,16 @@ class DataState:
         if version in (1, 2):
             raw = {**raw, "cycle": 0}
         if version in (1, 2, 3):
-            raw = {**raw, "drop_last_batch": None, "version": STATE_VERSION}
+            raw = {**raw, "drop_last_batch": None}
+        if version in (1, 2, 3, 4):
+            raw = {**raw, "anchor_position": None, "anchor_batches": None, "version": STATE_VERSION}
         values: dict[str, Any] = {}
         for field in fields(cls):
             if field.name not in raw:
                 raise StateFormatError(f"data state lacks the key {field.name!r}")
             value = raw[field.name]
             expected = {"bool": bool, "str": str, "bool | None": bool}.get(str(field.type), int)
-            if field.type == "bool | None" and value is None:
+            if str(field.type).endswith("| None") and value is None:
                 pass  # not recorded (a state read from an older version, saved again before it was applied)
             elif type(value) is not expected:
                 raise StateFormatError(
@@ -99,7 +109,32 @@ class DataState:
             raise StateFormatError(f"data state has a negative epoch, position, batch count or cycle: {state}")
         if state.dataset_size < 1 or state.batch_size < 1 or state.world_size < 1:
             raise StateFormatError(f"data state has a non-positive size: {state}")
+        state.check_position()
         return state
+
+    def check_position(self) -> None:
+        """Raise `StateFormatError` unless ``position`` is where ``batches`` put it (from the anchor) and
+        lies within the epoch (its length, plus the padding of one batch on every rank)."""
+        anchor = (self.anchor_position, self.anchor_batches)
+        if (None in anchor) != (anchor == (None, None)):
+            raise StateFormatError(f"a data state's anchor must be two ints or two None: {anchor}")
+        if self.anchor_position is not None and self.anchor_batches is not None:
+            step = self.batch_size * self.world_size
+            expected = self.anchor_position + (self.batches - self.anchor_batches) * step
+            if not (0 <= self.anchor_position <= self.position and 0 <= self.anchor_batches <= self.batches):
+                raise StateFormatError(f"a data state's anchor {anchor} lies after its position: {self}")
+            if self.position != expected:
+                raise StateFormatError(
+                    f"the data state's position {self.position} is not where {self.batches} batches of"
+                    f" {self.batch_size} on {self.world_size} processes put it ({expected}, from the anchor"
+                    f" {anchor}): the state was altered"
+                )
+        length = self.stream_length
+        if length is not None and self.position >= length + self.batch_size * self.world_size:
+            raise StateFormatError(
+                f"the data state's position {self.position} lies past the end of its epoch ({length} positions):"
+                " the state was altered"
+            )
 
     @property
     def stream_length(self) -> int | None:
