@@ -355,8 +355,8 @@ def parse(raw: object) -> Envelope:
         if not isinstance(raw[REASON], str):
             raise StateFormatError(f"the reason of an unresumable data state must be a str: {raw[REASON]!r:.200}")
         return Envelope(None, reason=raw[REASON], partial_accumulation=partial, keys=keys)
-    if kind not in _BODIES:
-        raise StateFormatError(f"unknown kind of data state {kind!r} (known: {sorted([*_BODIES, UNRESUMABLE])})")
+    if not isinstance(kind, str) or kind not in _BODIES:  # a list is unhashable: no `in` before the type
+        raise StateFormatError(f"unknown kind of data state {kind!r:.200} (known: {sorted([*_BODIES, UNRESUMABLE])})")
     _keys(raw, {FORMAT, KIND, KEYS, STATE}, {PARTIAL_ACCUMULATION}, f"a data state of kind {kind!r}")
     return Envelope(_BODIES[kind].from_dict(raw[STATE]), partial_accumulation=partial, keys=keys)
 
