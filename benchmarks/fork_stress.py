@@ -3,9 +3,9 @@
 ``python benchmarks/fork_stress.py [EPOCHS] [--several]`` trains 2 DDP processes (gloo, CPU) with a
 ``ResumableDataModule`` loader of 2 workers for EPOCHS epochs (default 200) of 2 short batches; every
 epoch starts a new iterator, which forks 2 new workers on each rank. ``--several``: two loaders of 2
-workers in a ``CombinedLoader`` (``max_size``), the short one running out mid-epoch while the long one
-goes on, so its iterator's threads end just before the next epoch's forks (a hang in CI before the
-library joined every retired iterator's threads before any of its loaders forks). Rank 0 prints the
+workers in a ``CombinedLoader`` (``max_size``) of different sizes, both running out at the epoch's last
+batch, so one's iterator threads are ending while the other forks the next epoch's workers (a hang in
+CI before the library joined every retired iterator's threads before any of its loaders forks). Rank 0 prints the
 number of worker start-ups (iterators that forked workers, over both ranks), the workers forked and
 the time.
 On an affected CPython a hang shows as a run that never ends: run it under a timeout, e.g.
@@ -49,7 +49,7 @@ class Data(ResumableDataModule, L.LightningDataModule):
         loader = DataLoader(Numbers(), batch_size=4, shuffle=True, num_workers=WORKERS)
         if not self.several:
             return loader
-        short = DataLoader(Numbers(8), batch_size=4, shuffle=True, num_workers=WORKERS)  # one batch per rank
+        short = DataLoader(Numbers(12), batch_size=4, shuffle=True, num_workers=WORKERS)  # 4 + 2 samples per rank
         return CombinedLoader({"long": loader, "short": short}, "max_size")
 
 

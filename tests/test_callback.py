@@ -74,6 +74,25 @@ def test_a_mid_epoch_checkpoint_with_an_emptied_data_state_is_refused(tmp_path: 
         trainer(tmp_path, [ResumableDataCallback()], max_epochs=2).fit(Model(), Data(), ckpt_path=path)
 
 
+PARTIAL_SLOTS = [
+    {"format": 1, "kind": "loader", "keys": 1},
+    {"format": 1, "kind": "loader", "keys": 1, "state": {}},
+    {"format": 1, "kind": "stream", "keys": 1, "state": None},
+    {"partial_accumulation": {"accumulated": 1, "window": 2, "batches": 3}},
+]
+
+
+@pytest.mark.parametrize("slot", PARTIAL_SLOTS, ids=["no-state", "empty-state", "None-state", "only-a-mark"])
+def test_a_mid_epoch_checkpoint_with_a_partial_data_state_is_refused(tmp_path: Path, slot: dict[str, Any]) -> None:
+    """A slot that holds the envelope or a mark but not the state of its kind is as unknown a position."""
+    path = checkpoint_with_callback(tmp_path)
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["callbacks"]["ResumableDataCallback"] = slot
+    torch.save(checkpoint, path)
+    with pytest.raises(MissingStateError, match=r"data state is partial .* written after 3 train batches"):
+        trainer(tmp_path, [ResumableDataCallback()], max_epochs=2).fit(Model(), Data(), ckpt_path=path)
+
+
 def test_checkpoint_of_another_dataset_size_is_refused(tmp_path: Path) -> None:
     path = checkpoint_with_callback(tmp_path)
     with pytest.raises(IncompatibleStateError, match="dataset_size: checkpoint 16, now 18"):

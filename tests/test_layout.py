@@ -9,7 +9,7 @@ import lightning_resumable
 
 PACKAGE = Path(lightning_resumable.__file__).parent
 CORE = {
-    *("_keys", "order", "draws", "batches", "state", "sampler"),
+    *("_keys", "_torchdata", "order", "draws", "batches", "state", "sampler"),
     *("randomness", "format", "verification", "contract", "errors"),
 }
 IMPORT = re.compile(r"^\s*from lightning_resumable(?:\.(\w+))? import (\w+)", re.MULTILINE)

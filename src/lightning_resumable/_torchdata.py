@@ -10,12 +10,14 @@ to 0.11) and are tested against the installed release (``tests/test_torchdata_in
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from lightning_resumable.errors import StateFormatError
 
-__all__ = ["check_loader_state"]
+__all__ = ["check_loader_state", "torchdata_release", "torchdata_version"]
 
 # What a state without workers holds (the main process's iterator), and the type of each value.
 _IN_PROCESS: dict[str, type | tuple[type, ...]] = {
@@ -48,6 +50,19 @@ _MAIN_SNAPSHOT: dict[str, type | tuple[type, ...]] = {
 _WORKER: dict[str, type | tuple[type, ...]] = {"worker_id": int, "fetcher_state": dict, "dataset_state": dict}
 _STREAM: dict[str, type | tuple[type, ...]] = {"stream": object, "yielded": int}
 """`lightning_resumable.streams.SeededStream`'s state: the user's stream's, and its sample count."""
+
+
+def torchdata_version() -> str:
+    """The installed torchdata's version: its ``StatefulDataLoader`` state format is what a stream saves."""
+    return importlib.metadata.version("torchdata")
+
+
+def torchdata_release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version such as ``0.11.0`` or ``0.12.0.dev20260101``."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found is None:
+        raise StateFormatError(f"not a torchdata version: {version!r}")
+    return int(found.group(1)), int(found.group(2))
 
 
 def _check(raw: object, expected: Mapping[str, type | tuple[type, ...]], path: str) -> Mapping[str, Any]:

@@ -32,7 +32,7 @@ from lightning_resumable.errors import (
     MissingStateError,
     WorldSizeChangedError,
 )
-from lightning_resumable.format import STATE_KEY, Body, Envelope, StreamState, parse
+from lightning_resumable.format import STATE_KEY, Body, Envelope, StreamState, holds_no_state, parse
 from lightning_resumable.owners import LoaderOwner, LoadersOwner, Owner, SavePoint, StreamOwner
 from lightning_resumable.progress import BatchCount, partial_accumulation, refuse_partial_accumulation
 from lightning_resumable.randomness import seed_training_step
@@ -249,13 +249,14 @@ class ResumableDataCallback(pl.Callback):
                 "the checkpoint holds no data state: it was written without ResumableDataCallback, so the"
                 " position of the train stream is unknown. Resume from a checkpoint written with the callback"
             )
-        fetched = batches_fetched_before(checkpoint)
-        if not callbacks[self.state_key] and fetched:
+        fetched, slot = batches_fetched_before(checkpoint), callbacks[self.state_key]
+        if fetched and holds_no_state(slot):
             # Lightning hands no falsy state to load_state_dict: the data would restart at batch 0.
             raise MissingStateError(
-                f"the checkpoint's data state is empty ({callbacks[self.state_key]!r:.40}), but it was written"
-                f" after {fetched} train batches: the position of the train stream is unknown. The checkpoint"
-                " was altered, or written by other code; resume from one the callback wrote"
+                f"the checkpoint's data state is {'partial' if isinstance(slot, Mapping) and slot else 'empty'}"
+                f" ({slot!r:.80}), but it was written after {fetched} train batches: the position of the"
+                " train stream is unknown. The checkpoint was altered, or written by other code; resume from"
+                " one the callback wrote"
             )
 
     # ------------------------------------------------------------------------------ training

@@ -20,13 +20,13 @@ Before 0.3.0 there was no envelope: the kind was told apart by its keys (``train
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from lightning_resumable._keys import DERIVATION_VERSION, check_version
+from lightning_resumable._torchdata import torchdata_release, torchdata_version
 from lightning_resumable.errors import StateFormatError
 from lightning_resumable.state import DataState
 
@@ -40,6 +40,7 @@ __all__ = [
     "LoadersState",
     "PartialAccumulation",
     "StreamState",
+    "holds_no_state",
     "parse",
     "torchdata_version",
 ]
@@ -51,14 +52,8 @@ KEYS_VERSION = DERIVATION_VERSION
 """The key derivation this release draws streams with (`lightning_resumable._keys`)."""
 
 # The envelope's keys, and the keys of the states inside it.
-FORMAT, KIND, KEYS, STATE, REASON, PARTIAL_ACCUMULATION = (
-    "format",
-    "kind",
-    "keys",
-    "state",
-    "reason",
-    "partial_accumulation",
-)
+FORMAT, KIND, KEYS, STATE, REASON = "format", "kind", "keys", "state", "reason"
+PARTIAL_ACCUMULATION = "partial_accumulation"
 TRAIN, NEXT_BATCH, DATASET = "train", "next_batch", "dataset"
 SEED, MODE, LOADERS = "seed", "mode", "loaders"
 STREAM, UNRESUMABLE = "stream", "unresumable"
@@ -177,19 +172,6 @@ class LoadersState:
         if not loaders:
             raise StateFormatError("the state of several train loaders holds no loader")
         return cls(seed, mode, {key: LoaderState.from_dict(value) for key, value in loaders.items()})
-
-
-def torchdata_version() -> str:
-    """The installed torchdata's version: its ``StatefulDataLoader`` state format is what a stream saves."""
-    return importlib.metadata.version("torchdata")
-
-
-def torchdata_release(version: str) -> tuple[int, int]:
-    """``(major, minor)`` of a version such as ``0.11.0`` or ``0.12.0.dev20260101``."""
-    found = re.match(r"(\d+)\.(\d+)", version)
-    if found is None:
-        raise StateFormatError(f"not a torchdata version: {version!r}")
-    return int(found.group(1)), int(found.group(2))
 
 
 @dataclass(frozen=True)
@@ -333,6 +315,24 @@ def describe(kind: str) -> str:
         "stream": "a stream (an iterable dataset)",
         "unresumable": "no resumable state",
     }.get(kind, kind)
+
+
+def _empty(value: object) -> bool:
+    """``None``, or a falsy plain value (``{}``, ``[]``, ``0``, ``False``, ``""``); a tensor is not tested."""
+    return value is None or (isinstance(value, (Mapping, list, tuple, str, bytes, int, float)) and not value)
+
+
+def holds_no_state(raw: object) -> bool:
+    """Whether the callback's slot is empty or partial: falsy, or without the state of its kind (an
+    envelope whose ``state`` is missing or empty, an older form with none of the kinds' keys)."""
+    if _empty(raw):
+        return True
+    if not isinstance(raw, Mapping):
+        return False  # malformed: the parser says how
+    if FORMAT in raw:
+        kind = raw.get(KIND)
+        return isinstance(kind, str) and kind in _BODIES and _empty(raw.get(STATE))
+    return not any(key in raw for key in (TRAIN, LOADERS, STREAM, UNRESUMABLE))
 
 
 def parse(raw: object) -> Envelope:

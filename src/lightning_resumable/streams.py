@@ -33,7 +33,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lightning_resumable import randomness
 from lightning_resumable._datasets import shuffle_buffer_size
 from lightning_resumable._keys import stream_key, stream_sample_seed
-from lightning_resumable._torchdata import check_loader_state
+from lightning_resumable._torchdata import check_loader_state, torchdata_release, torchdata_version
 from lightning_resumable.errors import (
     IncompatibleStateError,
     StreamPositionError,
@@ -41,7 +41,7 @@ from lightning_resumable.errors import (
     WorkerCountChangedError,
     WorldSizeChangedError,
 )
-from lightning_resumable.format import GLOBAL_POSITION_ATTRIBUTE, StreamState, torchdata_release, torchdata_version
+from lightning_resumable.format import GLOBAL_POSITION_ATTRIBUTE, StreamState
 from lightning_resumable.verification import digest_of
 from lightning_resumable.workers import (
     forking,
