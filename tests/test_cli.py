@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_resumable.cli import main, summarise
+from lightning_resumable.cli import main, render, summarise
 from lightning_resumable.format import StreamState
 
 from .helpers import checkpoint_with_callback
@@ -84,10 +84,13 @@ def test_a_file_that_needs_unpickling_or_is_missing_is_refused(
 
 def test_a_stream_state_is_summarised_per_rank() -> None:
     ranks = [{"_snapshot": {"rank": rank}} for rank in range(2)]
-    state = StreamState(7, 2, 5, 2, 2, False, False, ranks)
+    state = StreamState(7, 2, 5, 2, 2, False, False, ranks, next_batch=["0123456789abcdef", ""])
     summary = summarise({"stream": state.to_dict()})
     assert summary["place"] == "epoch 2, after 5 batches on each of 2 ranks"
     assert summary["loaders"]["train"]["ranks"] == ranks
+    shown = render(Path("x.ckpt"), summary)
+    assert "rank 0 next batch" in shown and "0123456789abcdef" in shown
+    assert "(not read ahead: not verified)" in shown
 
 
 def write_log(path: Path, steps: list[tuple[int, int, list[int]]]) -> None:

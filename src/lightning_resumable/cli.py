@@ -150,6 +150,8 @@ def _rows(name: str, loader: Mapping[str, Any]) -> list[tuple[str, str]]:
         ]
         for rank, state in enumerate(loader["ranks"]):
             rows.append((f"rank {rank} state", json.dumps(state, sort_keys=True, default=str)))
+        for rank, digest in enumerate(loader["next_batch"] or []):
+            rows.append((f"rank {rank} next batch", digest or "(not read ahead: not verified)"))
         return rows
     position = f"{loader['position']:,}"
     if "stream_length" in loader:
