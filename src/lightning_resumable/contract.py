@@ -4,7 +4,8 @@ derived quantity (rank, world size, shard offset), which is recomputed from the 
 Promise: every loader the mixin builds is walked (loader, batch sampler, sampler, dataset, and each
 wrapper's inner object) when it is built and again at every save. State that names a derived
 quantity at any depth, or a wrapper whose state differs from its inner object's, is refused with
-`ContractViolationError` naming the object's class, its path in the loader and the key.
+`ContractViolationError` naming the object's class, its path in the loader and the key. A data
+library's own bookkeeping of its global position (`lightning_resumable.libraries`) is not derived.
 
 `PassThroughWrapper` is the base class for your own wrappers of a dataset, sampler or batch
 sampler: its ``state_dict``/``load_state_dict`` delegate to the wrapped object and cannot be
@@ -17,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 from lightning_resumable.errors import ContractViolationError
+from lightning_resumable.libraries import library_of, required_state_dict_arguments
 from lightning_resumable.verification import digest_of
 
 __all__ = ["DERIVED_KEYS", "INNER_ATTRIBUTES", "PassThroughWrapper", "check_contract", "pipeline"]
@@ -135,8 +137,8 @@ def pipeline(loader: object) -> list[tuple[str, object]]:
 
 def _state_of(node: object) -> Mapping[str, Any] | None:
     state_dict = getattr(node, "state_dict", None)
-    if not callable(state_dict):
-        return None
+    if not callable(state_dict) or required_state_dict_arguments(node):
+        return None  # no state; or one only its library's loader can take (`lightning_resumable.libraries`)
     state = state_dict()
     return state if isinstance(state, Mapping) else {"": state}
 
@@ -166,6 +168,9 @@ def check_contract(loader: object, owned: tuple[object, ...] = ()) -> None:
     forbidden = set(DERIVED_KEYS)
     for _, node in chain:
         forbidden.update(getattr(type(node), "derived_attributes", ()))
+    for _, node in chain:  # a library's own bookkeeping of its global position is its state, not derived
+        library = library_of(node)
+        forbidden -= library.position_keys if library is not None else set()
     # Innermost first: an outer wrapper that reads its state through inherits a violation, and the
     # object to name is the one that holds the key.
     for path, node in reversed(chain):

@@ -37,6 +37,7 @@ from torchdata.stateful_dataloader.sampler import RandomSampler as TorchdataRand
 
 from lightning_resumable._lightning import reinstantiate_loader
 from lightning_resumable.batches import BatchDraws, ResumableBatchSampler
+from lightning_resumable.contract import pipeline
 from lightning_resumable.draws import (
     Draws,
     Permutation,
@@ -46,6 +47,7 @@ from lightning_resumable.draws import (
     WeightedDraws,
 )
 from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.libraries import refuse_unsupported
 from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.streams import SeededStream, make_stream_resumable
@@ -104,6 +106,7 @@ def make_resumable(
     Raises:
         UnsupportedLoaderError: the loader cannot be made exactly resumable; the message says why.
     """
+    refuse_unsupported(pipeline(loader))  # a data library's own loader or dataset, named as such
     if not isinstance(loader, DataLoader):
         raise UnsupportedLoaderError(
             f"train_dataloader() returned a {type(loader).__name__}; a ResumableDataModule supports torch"

@@ -1,0 +1,104 @@
+"""The data libraries users already have: how each is recognised, what it keeps as its own position,
+and what this release does with it.
+
+Promise: an object of LitData or MosaicML Streaming anywhere in a train loader (the loader, its
+dataset, sampler, or what they wrap) is refused with `UnsupportedLoaderError` naming the library and
+the way that works today, before anything calls its ``state_dict``; so is any other object whose
+``state_dict`` takes required arguments (those libraries' take their loader's counts), never with
+the ``TypeError`` that calling it would raise. A library is recognised by the package its class
+comes from: none is imported here.
+
+The keys each library keeps as the bookkeeping of its own global position are declared here, in
+`Library.position_keys`: the contract check (`lightning_resumable.contract`) accepts them in a
+chain that holds that library's object, where it would refuse a derived quantity of the same name
+(LitData records ``num_workers`` and ``world_size`` to resume elastically).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from lightning_resumable.errors import UnsupportedLoaderError
+
+__all__ = ["LIBRARIES", "Library", "library_of", "refuse_unsupported", "required_state_dict_arguments"]
+
+
+@dataclass(frozen=True)
+class Library:
+    """A data library: its name, the package its classes come from, the keys of its own position."""
+
+    name: str
+    package: str
+    position_keys: frozenset[str]
+
+
+LIBRARIES = (
+    Library(
+        "LitData",
+        "litdata",
+        frozenset({"num_samples_yielded", "num_workers", "batch_size", "world_size", "sample_in_epoch"}),
+    ),
+    Library(
+        "MosaicML Streaming",
+        "streaming",
+        frozenset({"epoch", "sample_in_epoch", "num_canonical_nodes", "initial_physical_nodes"}),
+    ),
+)
+
+_TODAY = (
+    "lightning-resumable does not resume {name} yet: its StreamingDataset keeps its position in its own"
+    " StreamingDataLoader, whose state_dict hands the dataset the loader's counts. Until it does, train with"
+    " {name}'s StreamingDataLoader under plain Lightning (a LightningDataModule that is not a"
+    " ResumableDataModule, and no ResumableDataCallback): {name} resumes its sample position itself, but"
+    " per-sample augmentations are not restored and no resume is verified"
+)
+
+
+def library_of(node: object) -> Library | None:
+    """The library ``node``'s class comes from, if it is one of `LIBRARIES`."""
+    package = type(node).__module__.partition(".")[0]
+    return next((library for library in LIBRARIES if library.package == package), None)
+
+
+def required_state_dict_arguments(node: object) -> list[str]:
+    """The names of the arguments ``node.state_dict`` requires (``[]``: it takes none, or has none)."""
+    state_dict = getattr(node, "state_dict", None)
+    if not callable(state_dict):
+        return []
+    try:
+        parameters = inspect.signature(state_dict).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: called as the protocol says
+        return []
+    return [
+        parameter.name
+        for parameter in parameters
+        if parameter.default is inspect.Parameter.empty
+        and parameter.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+
+
+def refuse_unsupported(chain: list[tuple[str, object]]) -> None:
+    """Refuse a loader's chain (`lightning_resumable.contract.pipeline`) that holds an object of a
+    library this release does not resume, or whose ``state_dict`` takes required arguments.
+
+    Raises:
+        UnsupportedLoaderError: naming the object, its path, the library and the way that works.
+    """
+    for path, node in chain:
+        library = library_of(node)
+        if library is not None:  # every library declared is one this release does not resume yet
+            raise UnsupportedLoaderError(
+                f"the train loader holds {library.name}'s {type(node).__qualname__} at {path}. "
+                + _TODAY.format(name=library.name)
+            )
+        required = required_state_dict_arguments(node)
+        if required:
+            package = type(node).__module__.partition(".")[0]
+            raise UnsupportedLoaderError(
+                f"{type(node).__qualname__} at {path} (from {package}) has a state_dict that takes required"
+                f" arguments {required}: its state is kept by a loader of its own, which hands it those, so"
+                " neither Lightning nor this library can save it. Give the dataset state_dict() without"
+                " arguments and load_state_dict(state) (torchdata's Stateful protocol), or resume it with"
+                " its library's own loader under plain Lightning"
+            )
