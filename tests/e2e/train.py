@@ -147,6 +147,36 @@ def hf_stream(size: int, rank: int, world_size: int, shuffle_buffer: int = 0) ->
     return split_dataset_by_node(stream, rank=rank, world_size=world_size)
 
 
+LITDATA_DIR = "litdata-chunks"
+"""Where a runner's LitData scenarios read their chunks: beside its run directories (`write_litdata`)."""
+
+
+def litdata_row(sample_id: int) -> dict[str, int]:
+    return {"id": sample_id}
+
+
+def write_litdata(directory: Path, size: int) -> None:
+    """Write ids ``0..size-1`` as LitData chunks of 6 samples (8 chunks for 48), with ``litdata.optimize``."""
+    import litdata
+
+    litdata.optimize(fn=litdata_row, inputs=list(range(size)), output_dir=str(directory), chunk_size=6, num_workers=1)
+    written = json.loads((directory / "index.json").read_text())["chunks"]  # a failed worker leaves it empty
+    if sum(chunk["chunk_size"] for chunk in written) != size:
+        raise RuntimeError(f"litdata.optimize wrote {written!r:.300} to {directory}, not {size} samples")
+
+
+def litdata_stream(directory: Path) -> Any:
+    """A LitData ``StreamingDataset`` over the chunks in ``directory``, shuffled, each sample augmented in
+    ``__getitem__`` (LitData's documented way to transform), as a user's subclass does."""
+    from litdata import StreamingDataset
+
+    class Augmented(StreamingDataset):  # type: ignore[misc]  # litdata is untyped
+        def __getitem__(self, index: Any) -> Any:
+            return augmented(int(super().__getitem__(index)["id"]))
+
+    return Augmented(str(directory), shuffle=True, seed=7)
+
+
 def hf_collate(rows: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor([row["id"] for row in rows]), torch.tensor([row["x"] for row in rows])
 
@@ -340,6 +370,13 @@ class PlainData(L.LightningDataModule):
         data = self.config.get("data", "map")
         if data in ("stream", "hf"):
             return self.stream_loader(data)
+        if data == "litdata":
+            from litdata import StreamingDataLoader
+
+            self.train_set = litdata_stream(Path(self.config["out_dir"]).parent / LITDATA_DIR)
+            return StreamingDataLoader(
+                self.train_set, batch_size=self.config["batch_size"], num_workers=self.config["num_workers"]
+            )
         if data in ("combined", "dict"):
             loaders = {
                 "a": make_loader(self.config, IdDataset(38), shuffle=True, drop_last=False),

@@ -1,0 +1,66 @@
+"""End to end (2 DDP processes): LitData, which users stream with. Runs where ``litdata`` is installed
+(CI's extras step); skipped elsewhere.
+
+Controls show what plain Lightning does with LitData's own ``StreamingDataLoader`` (its state saved and
+restored by Lightning), and the library refuses LitData, on every rank before any step, naming it and
+the way that works today, until it resumes LitData exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import train
+from .harness import Runner, Scenario, run_phase
+
+pytest.importorskip("litdata")
+
+PLAIN = [Scenario(world_size=2, num_workers=workers, data="litdata", resumable=False) for workers in (0, 2)]
+
+
+@pytest.fixture(scope="module")
+def litdata_runner(runner: Runner) -> Runner:
+    """The session's runner, with the chunks its LitData scenarios read written once."""
+    chunks = runner.root / train.LITDATA_DIR
+    if not (chunks / "index.json").exists():
+        train.write_litdata(chunks, 48)
+    return runner
+
+
+def ids(steps: list[dict[str, Any]]) -> list[Any]:
+    return [step["ids"] for step in steps]
+
+
+@pytest.mark.parametrize("scenario", PLAIN, ids=lambda scenario: scenario.label())
+def test_control_plain_lightning_with_litdatas_loader_replays_the_interrupted_epochs_tail(
+    litdata_runner: Runner, scenario: Scenario
+) -> None:
+    """LitData resumes its own position in the interrupted epoch (Lightning saves its loader's state on
+    rank 0, and every rank's is the same), but the augmentations, drawn from the global generators,
+    differ from the first resumed step, and the next epoch reads the interrupted one's remaining
+    batches again and ends after them (3 steps instead of 6 here)."""
+    outcome = litdata_runner.run(scenario)
+    epoch, stop = scenario.stop_epoch, scenario.stop_batch
+    for rank, resumed in outcome.resumed.items():
+        uninterrupted = [s for s in outcome.full[rank] if s["epoch"] == epoch and s["batch"] > stop]
+        interrupted = [s for s in resumed if s["epoch"] == epoch]
+        assert ids(interrupted) == ids(uninterrupted), f"rank {rank}: LitData's position is exact"
+        assert interrupted[0]["aug"] != uninterrupted[0]["aug"], f"rank {rank}: augmentations are not"
+        next_epoch = [s for s in resumed if s["epoch"] == epoch + 1]
+        assert ids(next_epoch) == ids(interrupted) and len(next_epoch) < scenario.batches_per_epoch, f"rank {rank}"
+
+
+def test_the_library_refuses_litdata_on_every_rank_naming_it(tmp_path: Path, litdata_runner: Runner) -> None:
+    scenario = replace(PLAIN[1], resumable=True)
+    run_dir = litdata_runner.root / "refused-litdata"
+    trained = run_phase(scenario, "full", run_dir, tmp_path / "x.ckpt", expect_failure=True)
+    assert not any(trained.values()), "a step trained"
+    log = (run_dir / "full.log").read_text()
+    for rank in range(2):
+        assert (
+            f"[rank{rank}]: lightning_resumable.errors.UnsupportedLoaderError: the train loader holds LitData's" in log
+        )
