@@ -86,8 +86,11 @@ def resume_checks(raw: object) -> None:
     assert parse(envelope.to_dict()) == envelope
     body = envelope.state
     if isinstance(body, StreamState):
+        # As if resumed with the torchdata that wrote it: a newer one's state is refused by an older
+        # torchdata (unit-tested in test_streams.py); CI's oldest-versions step has torchdata 0.10.
+        installed = body.torchdata or None
         for rank in range(body.world_size):
-            state_for_rank(body, rank, body.world_size, body.num_workers)
+            state_for_rank(body, rank, body.world_size, body.num_workers, torchdata=installed)
     for loader in body.loaders.values() if isinstance(body, LoadersState) else [body]:
         if isinstance(loader, LoaderState):
             loader.state.check_same_data(loader.state)
