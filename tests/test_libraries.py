@@ -72,7 +72,7 @@ def resumable(loader: object) -> object:
 def test_a_litdata_dataset_is_refused_naming_the_library_and_the_way_that_works() -> None:
     with pytest.raises(UnsupportedLoaderError, match=r"holds LitData's LitDataStream at loader\.dataset") as refused:
         resumable(DataLoader(LitDataStream(), batch_size=2))
-    assert "train with LitData's StreamingDataLoader under plain Lightning" in str(refused.value)
+    assert "return LitData's StreamingDataLoader over a StreamingDataset" in str(refused.value)
 
 
 def test_a_mosaic_loader_is_refused_naming_the_library() -> None:
@@ -115,3 +115,12 @@ def test_a_librarys_own_position_keys_are_not_taken_for_derived_quantities() -> 
     check_contract(DataLoader(Adapter(LitDataStream())))  # LitData's object never has its state_dict called
     with pytest.raises(ContractViolationError, match="persists the key 'num_workers'"):
         check_contract(DataLoader(Adapter(list(range(8)))))
+
+
+def test_importing_the_library_imports_no_data_library() -> None:
+    """LitData is imported only when a train loader holds it (`lightning_resumable._litdata`)."""
+    import subprocess
+    import sys
+
+    code = "import sys, lightning_resumable; print(sorted({'litdata', 'streaming'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"

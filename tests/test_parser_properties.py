@@ -21,6 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lightning_resumable._torchdata import torchdata_version
 from lightning_resumable.errors import IncompatibleStateError, StateFormatError
 from lightning_resumable.format import (
     STATE_KEY,
@@ -31,7 +32,6 @@ from lightning_resumable.format import (
     PartialAccumulation,
     StreamState,
     parse,
-    torchdata_version,
 )
 from lightning_resumable.state import DataState
 from lightning_resumable.streams import state_for_rank

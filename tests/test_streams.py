@@ -27,9 +27,9 @@ from lightning_resumable import (
 )
 from lightning_resumable._keys import stream_key, stream_sample_seed
 from lightning_resumable.format import StreamState
+from lightning_resumable.loader import make_stream_resumable
 from lightning_resumable.streams import (
     StreamLoader,
-    make_stream_resumable,
     state_for_rank,
 )
 from lightning_resumable.verification import check_first_stream_batches, digest_of
@@ -78,7 +78,7 @@ def test_the_state_at_the_trainers_count_survives_a_look_ahead(num_workers: int)
     batches = iter(loader)
     seen = [next(batches).tolist() for _ in range(4)]  # 3 trained, the 4th read ahead
     restored = stream_loader(num_workers)
-    restored.restore(loader.state_after(3), batches=3)
+    restored.resume_from(loader.state_after(3), batches=3)
     assert seen[:3] + [batch.tolist() for batch in restored] == full
     assert restored.batches_yielded == len(full)
 
@@ -223,12 +223,12 @@ def test_the_read_ahead_batch_is_digested_and_the_first_restored_batch_compared(
     assert loader.next_batch_digest(3) == digest_of(seen[3])
     assert loader.next_batch_digest(5) == ""  # not read yet: nothing to record
     restored = stream_loader(num_workers)
-    restored.restore(loader.state_after(3), batches=3, next_batch=loader.next_batch_digest(3))
+    restored.resume_from(loader.state_after(3), batches=3, next_batch=loader.next_batch_digest(3))
     assert restored.first_batch is None
     next(iter(restored))
     assert restored.first_batch == (digest_of(seen[3]), digest_of(seen[3]))
     elsewhere = stream_loader(num_workers)
-    elsewhere.restore(loader.state_after(2), batches=3, next_batch=loader.next_batch_digest(3))  # one batch early
+    elsewhere.resume_from(loader.state_after(2), batches=3, next_batch=loader.next_batch_digest(3))  # one batch early
     next(iter(elsewhere))
     assert elsewhere.first_batch == (digest_of(seen[3]), digest_of(seen[2]))
 

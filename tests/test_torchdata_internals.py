@@ -73,5 +73,5 @@ def test_torchdata_itself_reads_a_stream_from_its_start_after_an_emptied_state()
     stream is read from its start again: the 2 batches trained before the save are trained twice."""
     full = [batch.tolist() for batch in stream_loader(0)]
     restored = stream_loader(0)
-    restored.restore({}, batches=2)
+    restored.resume_from({}, batches=2)
     assert [batch.tolist() for batch in restored] == full

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from lightning_resumable._keys import DERIVATION_VERSION, check_version
-from lightning_resumable._torchdata import torchdata_release, torchdata_version
+from lightning_resumable._torchdata import torchdata_release
 from lightning_resumable.errors import StateFormatError
 from lightning_resumable.state import DataState
 
@@ -42,7 +42,6 @@ __all__ = [
     "StreamState",
     "holds_no_state",
     "parse",
-    "torchdata_version",
 ]
 
 STATE_KEY = "ResumableDataCallback"
@@ -65,8 +64,7 @@ GLOBAL_POSITION_ATTRIBUTE = "resumable_global_position"
 
 _DIGEST_HEX = 16
 STREAM_STATE_VERSION = 3
-# Version 1 (development, never released) did not record torchdata's version; versions 1 and 2 (0.2.x)
-# did not record the digests of each rank's next batch.
+# Version 1 (never released) had no torchdata version; 1 and 2 (0.2.x) no next-batch digests nor reader.
 _READABLE_STREAM_VERSIONS = (1, 2, 3)
 
 
@@ -193,6 +191,8 @@ class StreamState:
         next_batch: each rank's digest of the batch it trains next (Lightning had read it ahead), in
             rank order; ``""`` for a rank that had not read it; ``None`` if not recorded (no
             verification, or a state before version 3).
+        reader: what read the stream and wrote ``ranks``: ``torchdata`` (a ``StatefulDataLoader``)
+            or ``litdata`` (LitData's ``StreamingDataLoader``).
     """
 
     seed: int
@@ -205,6 +205,7 @@ class StreamState:
     ranks: list[dict[str, Any]]
     torchdata: str = ""
     next_batch: list[str] | None = None
+    reader: str = "torchdata"
     version: int = STREAM_STATE_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -221,7 +222,7 @@ class StreamState:
         if version == 1:
             raw = {**raw, "torchdata": ""}
         if version in (1, 2):
-            raw = {**raw, "next_batch": None, "version": STREAM_STATE_VERSION}
+            raw = {**raw, "next_batch": None, "reader": "torchdata", "version": STREAM_STATE_VERSION}
         _keys(raw, {field.name for field in fields(cls)}, set(), "a stream state")
         for field in fields(cls):
             expected = {"bool": bool, "str": str, "list[dict[str, Any]]": list, "list[str] | None": list}.get(
@@ -240,6 +241,8 @@ class StreamState:
             raise StateFormatError(f"the stream state must hold one loader state per rank ({state.world_size})")
         if state.torchdata:
             torchdata_release(state.torchdata)
+        if state.reader not in ("torchdata", "litdata"):
+            raise StateFormatError(f"a stream state's reader must be torchdata or litdata, got {state.reader!r:.100}")
         if state.next_batch is not None and (
             len(state.next_batch) != state.world_size
             or not all(digest == "" or _is_digest(digest) for digest in state.next_batch)

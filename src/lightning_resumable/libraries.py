@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 from lightning_resumable.errors import UnsupportedLoaderError
 
-__all__ = ["LIBRARIES", "Library", "library_of", "refuse_unsupported", "required_state_dict_arguments"]
+__all__ = [
+    "LIBRARIES",
+    "Library",
+    "is_litdata_loader",
+    "library_of",
+    "refuse_unsupported",
+    "required_state_dict_arguments",
+]
 
 
 @dataclass(frozen=True)
@@ -46,19 +53,35 @@ LIBRARIES = (
     ),
 )
 
-_TODAY = (
-    "lightning-resumable does not resume {name} yet: its StreamingDataset keeps its position in its own"
-    " StreamingDataLoader, whose state_dict hands the dataset the loader's counts. Until it does, train with"
-    " {name}'s StreamingDataLoader under plain Lightning (a LightningDataModule that is not a"
-    " ResumableDataModule, and no ResumableDataCallback): {name} resumes its sample position itself, but"
-    " per-sample augmentations are not restored and no resume is verified"
-)
+_TODAY = {
+    "LitData": (
+        "Its StreamingDataset keeps its position in its own StreamingDataLoader, whose state_dict hands the"
+        " dataset the loader's counts: return LitData's StreamingDataLoader over a StreamingDataset, which"
+        " this library resumes exactly (a torch DataLoader over it, and CombinedStreamingDataset or"
+        " ParallelStreamingDataset, are not resumed yet)"
+    ),
+    "MosaicML Streaming": (
+        "lightning-resumable does not resume MosaicML Streaming yet: its StreamingDataset keeps its position"
+        " in its own StreamingDataLoader, whose state_dict hands the dataset the loader's counts. Until it"
+        " does, train with its StreamingDataLoader under plain Lightning (a LightningDataModule that is not a"
+        " ResumableDataModule, and no ResumableDataCallback): it resumes its sample position itself, but"
+        " per-sample augmentations are not restored and no resume is verified"
+    ),
+}
 
 
 def library_of(node: object) -> Library | None:
     """The library ``node``'s class comes from, if it is one of `LIBRARIES`."""
     package = type(node).__module__.partition(".")[0]
     return next((library for library in LIBRARIES if library.package == package), None)
+
+
+def is_litdata_loader(node: object) -> bool:
+    """Whether ``node`` is LitData's ``StreamingDataLoader`` (or a subclass of it)."""
+    return any(
+        cls.__name__ == "StreamingDataLoader" and cls.__module__.partition(".")[0] == "litdata"
+        for cls in type(node).__mro__
+    )
 
 
 def required_state_dict_arguments(node: object) -> list[str]:
@@ -87,10 +110,9 @@ def refuse_unsupported(chain: list[tuple[str, object]]) -> None:
     """
     for path, node in chain:
         library = library_of(node)
-        if library is not None:  # every library declared is one this release does not resume yet
+        if library is not None:  # LitData's own loader is routed to its owner before this walk
             raise UnsupportedLoaderError(
-                f"the train loader holds {library.name}'s {type(node).__qualname__} at {path}. "
-                + _TODAY.format(name=library.name)
+                f"the train loader holds {library.name}'s {type(node).__qualname__} at {path}. " + _TODAY[library.name]
             )
         required = required_state_dict_arguments(node)
         if required:

@@ -11,7 +11,8 @@ rather than silently resumed wrong. ``DataLoader`` subclasses are built again by
 re-instantiation (see `lightning_resumable._lightning.reinstantiate_loader`).
 A dataset with its own ``state_dict``/``load_state_dict`` is kept; the callback persists its state.
 A loader over an iterable dataset with state becomes a
-`StreamLoader` (see `lightning_resumable.streams`).
+`StreamLoader` (`make_stream_resumable`; see `lightning_resumable.streams`), and LitData's
+``StreamingDataLoader`` a `lightning_resumable._litdata.LitDataLoader`.
 
 A ``StatefulDataLoader`` is rebuilt as a plain ``DataLoader``: the callback owns the position, so
 torchdata's own snapshots would be a second owner (the double count of Accelerate #3938) and cost
@@ -20,6 +21,7 @@ time on every step (torchdata #1317).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +37,7 @@ from torch.utils.data import (
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import RandomSampler as TorchdataRandomSampler
 
+from lightning_resumable._datasets import shuffle_buffer_size
 from lightning_resumable._lightning import reinstantiate_loader
 from lightning_resumable.batches import BatchDraws, ResumableBatchSampler
 from lightning_resumable.contract import pipeline
@@ -47,10 +50,10 @@ from lightning_resumable.draws import (
     WeightedDraws,
 )
 from lightning_resumable.errors import UnsupportedLoaderError
-from lightning_resumable.libraries import refuse_unsupported
+from lightning_resumable.libraries import is_litdata_loader, refuse_unsupported
 from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
-from lightning_resumable.streams import SeededStream, make_stream_resumable
+from lightning_resumable.streams import SeededStream, StreamLoader
 from lightning_resumable.workers import WorkerSafeDataLoader, worker_safe
 
 __all__ = ["make_resumable"]
@@ -106,6 +109,12 @@ def make_resumable(
     Raises:
         UnsupportedLoaderError: the loader cannot be made exactly resumable; the message says why.
     """
+    if getattr(type(loader), "reader", None) == "litdata":
+        return loader  # type: ignore[return-value]  # built by this function already
+    if is_litdata_loader(loader):
+        from lightning_resumable._litdata import make_litdata_resumable  # imports litdata: only when used
+
+        return make_litdata_resumable(loader, seed=seed, epoch_source=epoch_source)
     refuse_unsupported(pipeline(loader))  # a data library's own loader or dataset, named as such
     if not isinstance(loader, DataLoader):
         raise UnsupportedLoaderError(
@@ -244,3 +253,86 @@ def _rebuilt(
         pin_memory_device=loader.pin_memory_device,
         **extra,
     )
+
+
+def make_stream_resumable(
+    loader: DataLoader[Any],
+    *,
+    seed: int,
+    rank: int,
+    seed_samples: bool,
+    restore_globals: bool,
+    epoch_source: Callable[[], int],
+    allow_inexact: bool = False,
+) -> StreamLoader:
+    """``loader`` (a ``DataLoader`` or ``StatefulDataLoader`` over a stateful ``IterableDataset``) as a
+    `StreamLoader` over a `SeededStream`, every other setting kept.
+
+    Raises:
+        UnsupportedLoaderError: the stream has no state, or the loader has persistent workers (they
+            keep the first epoch's copy of the stream) or ``in_order=False`` (its order is not
+            reproducible), or the stream is known not to resume exactly (a Hugging Face stream with
+            a shuffle buffer) and ``allow_inexact`` is not set.
+    """
+    dataset = loader.dataset
+    buffer = shuffle_buffer_size(dataset)
+    if buffer is not None and not allow_inexact:
+        raise UnsupportedLoaderError(
+            f"the train stream is a Hugging Face datasets.IterableDataset shuffled with a buffer of {buffer}"
+            " samples; datasets does not save that buffer, so a resume loses the buffered samples and reads"
+            " others (measured with buffer_size=16 on 2 ranks: 13 samples of the epoch lost, 5 read twice)."
+            " Shuffle exactly instead: a map-style datasets.Dataset with DataLoader(shuffle=True), which"
+            " this library resumes exactly; or keep the stream unshuffled. To train on it anyway, knowing"
+            " resumes are not exact: ResumableDataCallback(allow_inexact_streams=True)"
+        )
+    if buffer is not None:
+        warnings.warn(
+            f"lightning_resumable: the train stream's shuffle buffer ({buffer} samples) is not saved: resuming"
+            " it is not exact (allow_inexact_streams=True)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    if not (callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))):
+        raise UnsupportedLoaderError(
+            f"the train loader reads an IterableDataset ({type(dataset).__name__}) without state_dict/load_state_dict:"
+            " its position cannot be saved, and replaying it from the start would not be exact. Give it"
+            " state_dict()/load_state_dict() (torchdata's Stateful protocol), as Hugging Face's"
+            " datasets.IterableDataset has"
+        )
+    if loader.num_workers > 0 and loader.persistent_workers:
+        raise UnsupportedLoaderError(
+            "a stream loader with persistent_workers=True keeps each worker's copy of the stream from the first"
+            " epoch, so neither the epoch nor a restored state would reach it; pass persistent_workers=False"
+        )
+    if not getattr(loader, "in_order", True):
+        raise UnsupportedLoaderError(
+            "a stream loader with in_order=False has no reproducible order; pass in_order=True"
+        )
+    stream = SeededStream(
+        dataset,  # type: ignore[arg-type]
+        seed=seed,
+        rank=rank,
+        seed_globals=seed_samples,
+        restore_globals=restore_globals,
+    )
+    extra: dict[str, Any] = {}
+    if loader.num_workers > 0:
+        extra["prefetch_factor"] = loader.prefetch_factor
+    made = StreamLoader(
+        stream,
+        batch_size=loader.batch_size,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        pin_memory_device=loader.pin_memory_device,
+        snapshot_every_n_steps=1,  # every worker's state with every batch: a restore replays nothing
+        epoch_source=epoch_source,
+        **extra,
+    )
+    made.inexact = buffer is not None  # its resumes are not exact: not verified either
+    return made

@@ -20,6 +20,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
+from lightning_resumable._torchdata import torchdata_version
 from lightning_resumable.combined import loader_position
 from lightning_resumable.contract import check_contract
 from lightning_resumable.errors import IncompatibleStateError
@@ -30,12 +31,11 @@ from lightning_resumable.format import (
     LoaderState,
     StreamState,
     describe,
-    torchdata_version,
 )
 from lightning_resumable.sampled_loader import SampledLoader
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
-from lightning_resumable.streams import StreamLoader, loader_state_finished, state_for_rank
+from lightning_resumable.streams import StreamReader, state_for_rank
 from lightning_resumable.verification import all_gather_objects, check_first_stream_batches, digest_of
 from lightning_resumable.workers import retire_previous
 
@@ -229,11 +229,12 @@ class LoadersOwner(Owner):
 
 
 class StreamOwner(Owner):
-    """A stream: an ``IterableDataset`` with state, read through a `StreamLoader`; per-rank positions."""
+    """A stream: an ``IterableDataset`` with state, read through a `StreamLoader` (or LitData's
+    loader); per-rank positions."""
 
     kind = "stream"
 
-    def __init__(self, loader: StreamLoader, rank: int, world_size: int) -> None:
+    def __init__(self, loader: StreamReader, rank: int, world_size: int) -> None:
         check_contract(loader, owned=(loader.dataset,))
         self.loader, self.rank, self.world_size = loader, rank, world_size
         self.resumes_at: tuple[int, int | None] | None = None  # (epoch, batches); no count for a fresh epoch
@@ -242,6 +243,11 @@ class StreamOwner(Owner):
     def restore(self, saved: Body, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
         self.refuse_other_kind(saved)
         assert isinstance(saved, StreamState)
+        if saved.reader != self.loader.reader:
+            raise IncompatibleStateError(
+                f"the checkpoint's stream was read by {saved.reader}'s loader, and the train loader is now"
+                f" {self.loader.reader}'s"
+            )
         state = state_for_rank(saved, self.rank, self.world_size, self.loader.num_workers)  # refuses another layout
         if saved.finished:  # every rank had read its whole stream: the resume starts the next epoch
             self.loader.start_epoch(saved.epoch + 1)
@@ -252,7 +258,7 @@ class StreamOwner(Owner):
                 rank_zero_info("lightning_resumable: the checkpoint holds no batch digest; the resume is not verified")
             verifiable = verify and saved.world_size == self.world_size and not self.loader.inexact
             recorded = saved.next_batch if verifiable else None
-            self.loader.restore(state, saved.batches, recorded[self.rank] if recorded else "")
+            self.loader.resume_from(state, saved.batches, recorded[self.rank] if recorded else "")
             self.verifying = (saved.epoch, saved.batches) if recorded else None
             self.resumes_at = (saved.epoch, saved.batches)
         else:
@@ -268,9 +274,10 @@ class StreamOwner(Owner):
         if not at.collective:
             return STREAM_OFF_PATH
         check_contract(self.loader, owned=(self.loader.dataset,))
-        mine = self.loader.state_after(at.batches), self.loader.next_batch_digest(at.batches) if at.verify else ""
-        gathered = all_gather_objects(mine)
-        ranks = [state for state, _ in gathered]
+        loader, batches = self.loader, at.batches
+        digest = loader.next_batch_digest(batches) if at.verify else ""
+        gathered = all_gather_objects((loader.state_after(batches), digest, loader.finished_after(batches)))
+        ranks = [state for state, _, _ in gathered]
         return StreamState(
             seed=at.seed,
             epoch=at.epoch,
@@ -278,10 +285,11 @@ class StreamOwner(Owner):
             world_size=at.world_size,
             num_workers=self.loader.num_workers,
             global_position=bool(getattr(self.loader.dataset, GLOBAL_POSITION_ATTRIBUTE, False)),
-            finished=all(loader_state_finished(each) for each in ranks),
+            finished=all(finished for _, _, finished in gathered),
             ranks=ranks,
             torchdata=torchdata_version(),
-            next_batch=[digest for _, digest in gathered] if at.verify else None,
+            next_batch=[digest for _, digest, _ in gathered] if at.verify else None,
+            reader=loader.reader,
         )
 
     def start(self, trainer: pl.Trainer, batches: int) -> int:

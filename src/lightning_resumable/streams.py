@@ -23,21 +23,18 @@ consumed by all ranks), in which case every rank restores rank 0's state on a ne
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable import randomness
-from lightning_resumable._datasets import shuffle_buffer_size
 from lightning_resumable._keys import stream_key, stream_sample_seed
 from lightning_resumable._torchdata import check_loader_state, torchdata_release, torchdata_version
 from lightning_resumable.errors import (
     IncompatibleStateError,
     StreamPositionError,
-    UnsupportedLoaderError,
     WorkerCountChangedError,
     WorldSizeChangedError,
 )
@@ -54,9 +51,9 @@ __all__ = [
     "GLOBAL_POSITION_ATTRIBUTE",
     "SeededStream",
     "StreamLoader",
+    "StreamReader",
     "StreamState",
     "loader_state_finished",
-    "make_stream_resumable",
     "state_for_rank",
     "torchdata_version",
 ]
@@ -142,6 +139,24 @@ class SeededStream(IterableDataset[Any]):
         self._yielded = self._restored_yielded = int(state["yielded"])  # the state until the next sample
 
 
+class StreamReader(Protocol):
+    """What a `StreamOwner` needs of a stream's loader: `StreamLoader`, or LitData's
+    (`lightning_resumable._litdata.LitDataLoader`)."""
+
+    reader: str
+    dataset: Any
+    num_workers: int
+    inexact: bool
+    first_batch: tuple[str, str] | None
+
+    def state_after(self, batches: int) -> dict[str, Any]: ...
+    def finished_after(self, batches: int) -> bool: ...
+    def next_batch_digest(self, batches: int) -> str: ...
+    def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None: ...
+    def start_epoch(self, epoch: int) -> None: ...
+    def retire_workers(self) -> None: ...
+
+
 class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is untyped
     """A ``StatefulDataLoader`` whose state the callback takes at the trainer's count of batches.
 
@@ -151,6 +166,8 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
     look-ahead and load it on every rank: use `state_after` and `restore`.
     """
 
+    reader = "torchdata"
+    """What reads the stream, as the checkpoint records it (`lightning_resumable._litdata` reads LitData's)."""
     state_dict = None
     load_state_dict = None
 
@@ -224,6 +241,10 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
             f" {self.batches_yielded}; its state at batch {batches} is not known"
         )
 
+    def finished_after(self, batches: int) -> bool:
+        """Whether the epoch had run out after ``batches`` batches."""
+        return loader_state_finished(self.state_after(batches))
+
     def next_batch_digest(self, batches: int) -> str:
         """The digest of batch ``batches`` of the epoch (the one after ``batches`` completed ones), if it
         has been read (Lightning reads a batch ahead); else ``""``.
@@ -233,7 +254,7 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
         """
         return digest_of(self._read[batches]) if batches in self._read else ""
 
-    def restore(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
+    def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
         """Continue the next iteration from ``state``, ``batches`` batches into the epoch; ``next_batch``:
         the digest the first batch read must have (`first_batch` holds the outcome), ``""``: unknown."""
         StatefulDataLoader.load_state_dict(self, dict(state))
@@ -263,11 +284,19 @@ def state_for_rank(
         StateFormatError: a rank's state is not a loader state of that number of workers.
     """
     installed = torchdata_version() if torchdata is None else torchdata
-    if saved.torchdata and torchdata_release(installed) < torchdata_release(saved.torchdata):
+    torchdata_state = saved.reader == "torchdata"  # else LitData's loader's: its own checks
+    if torchdata_state and saved.torchdata and torchdata_release(installed) < torchdata_release(saved.torchdata):
         raise IncompatibleStateError(
             f"the checkpoint's stream state was written with torchdata {saved.torchdata} and resumes with"
             f" torchdata {installed}: an older torchdata cannot read a newer one's StatefulDataLoader state."
             f" Install torchdata>={saved.torchdata}"
+        )
+    if not torchdata_state and (world_size, num_workers) != (saved.world_size, saved.num_workers):
+        raise WorldSizeChangedError(
+            f"the checkpoint's LitData state was written on {saved.world_size} processes with num_workers="
+            f"{saved.num_workers} and resumes on {world_size} with num_workers={num_workers}: LitData restripes"
+            " its stream on another layout itself, but this release does not resume LitData elastically yet."
+            f" Resume on {saved.world_size} processes with num_workers={saved.num_workers}"
         )
     if world_size != saved.world_size and not saved.global_position:
         raise WorldSizeChangedError(
@@ -282,89 +311,6 @@ def state_for_rank(
             f" resumes with num_workers={num_workers}: each worker reads its own slice of the stream, so the"
             f" saved worker states mean other data. Resume with num_workers={saved.num_workers}"
         )
-    for each, state in enumerate(saved.ranks):  # every rank checks them all: a refusal on every rank
+    for each, state in enumerate(saved.ranks if torchdata_state else ()):  # every rank checks them all
         check_loader_state(state, saved.num_workers, each)
     return saved.ranks[rank if world_size == saved.world_size else 0]
-
-
-def make_stream_resumable(
-    loader: DataLoader[Any],
-    *,
-    seed: int,
-    rank: int,
-    seed_samples: bool,
-    restore_globals: bool,
-    epoch_source: Callable[[], int],
-    allow_inexact: bool = False,
-) -> StreamLoader:
-    """``loader`` (a ``DataLoader`` or ``StatefulDataLoader`` over a stateful ``IterableDataset``) as a
-    `StreamLoader` over a `SeededStream`, every other setting kept.
-
-    Raises:
-        UnsupportedLoaderError: the stream has no state, or the loader has persistent workers (they
-            keep the first epoch's copy of the stream) or ``in_order=False`` (its order is not
-            reproducible), or the stream is known not to resume exactly (a Hugging Face stream with
-            a shuffle buffer) and ``allow_inexact`` is not set.
-    """
-    dataset = loader.dataset
-    buffer = shuffle_buffer_size(dataset)
-    if buffer is not None and not allow_inexact:
-        raise UnsupportedLoaderError(
-            f"the train stream is a Hugging Face datasets.IterableDataset shuffled with a buffer of {buffer}"
-            " samples; datasets does not save that buffer, so a resume loses the buffered samples and reads"
-            " others (measured with buffer_size=16 on 2 ranks: 13 samples of the epoch lost, 5 read twice)."
-            " Shuffle exactly instead: a map-style datasets.Dataset with DataLoader(shuffle=True), which"
-            " this library resumes exactly; or keep the stream unshuffled. To train on it anyway, knowing"
-            " resumes are not exact: ResumableDataCallback(allow_inexact_streams=True)"
-        )
-    if buffer is not None:
-        warnings.warn(
-            f"lightning_resumable: the train stream's shuffle buffer ({buffer} samples) is not saved: resuming"
-            " it is not exact (allow_inexact_streams=True)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-    if not (callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))):
-        raise UnsupportedLoaderError(
-            f"the train loader reads an IterableDataset ({type(dataset).__name__}) without state_dict/load_state_dict:"
-            " its position cannot be saved, and replaying it from the start would not be exact. Give it"
-            " state_dict()/load_state_dict() (torchdata's Stateful protocol), as Hugging Face's"
-            " datasets.IterableDataset has"
-        )
-    if loader.num_workers > 0 and loader.persistent_workers:
-        raise UnsupportedLoaderError(
-            "a stream loader with persistent_workers=True keeps each worker's copy of the stream from the first"
-            " epoch, so neither the epoch nor a restored state would reach it; pass persistent_workers=False"
-        )
-    if not getattr(loader, "in_order", True):
-        raise UnsupportedLoaderError(
-            "a stream loader with in_order=False has no reproducible order; pass in_order=True"
-        )
-    stream = SeededStream(
-        dataset,  # type: ignore[arg-type]
-        seed=seed,
-        rank=rank,
-        seed_globals=seed_samples,
-        restore_globals=restore_globals,
-    )
-    extra: dict[str, Any] = {}
-    if loader.num_workers > 0:
-        extra["prefetch_factor"] = loader.prefetch_factor
-    made = StreamLoader(
-        stream,
-        batch_size=loader.batch_size,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator,
-        pin_memory_device=loader.pin_memory_device,
-        snapshot_every_n_steps=1,  # every worker's state with every batch: a restore replays nothing
-        epoch_source=epoch_source,
-        **extra,
-    )
-    made.inexact = buffer is not None  # its resumes are not exact: not verified either
-    return made

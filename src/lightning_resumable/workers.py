@@ -40,7 +40,9 @@ __all__ = [
     "forking",
     "forks_workers",
     "garbage_collector_paused",
+    "leave_sigterm_to_rank",
     "retire",
+    "retire_ended",
     "retire_previous",
     "warn_once_on_affected_python",
     "worker_safe",
@@ -74,14 +76,19 @@ def forking(make: Callable[[], Any]) -> Iterator[Any]:
     """``make()``, an iterator that forks workers, made once no thread of an ended pass is ending: the
     feeder threads of every shut-down iterator of the library's loaders are joined first, and no
     collection runs during the fork. The new iterator is registered for the next fork."""
-    for ended in [each for each in _iterators if getattr(each, "_shutdown", False)]:
-        retire(ended)  # torch shut its workers down at its pass's end; its feeder threads may still be ending
-        _iterators.discard(ended)
+    retire_ended()
     with garbage_collector_paused():
         iterator = make()
     yield iterator
     if hasattr(iterator, "_workers"):  # a multi-process iterator: its threads end when its pass does
         _iterators.add(iterator)
+
+
+def retire_ended() -> None:
+    """Wait for the feeder threads of every shut-down iterator of the library's loaders to end."""
+    for ended in [each for each in _iterators if getattr(each, "_shutdown", False)]:
+        retire(ended)  # torch shut its workers down at its pass's end; its feeder threads may still be ending
+        _iterators.discard(ended)
 
 
 def retire(iterator: object) -> None:

@@ -2,20 +2,18 @@
 (CI's extras step); skipped elsewhere.
 
 Controls show what plain Lightning does with LitData's own ``StreamingDataLoader`` (its state saved and
-restored by Lightning), and the library refuses LitData, on every rank before any step, naming it and
-the way that works today, until it resumes LitData exactly.
+restored by Lightning); under the two lines, the same loader resumes exactly.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from . import train
-from .harness import Runner, Scenario, run_phase
+from .harness import Runner, Scenario
 
 pytest.importorskip("litdata")
 
@@ -54,13 +52,14 @@ def test_control_plain_lightning_with_litdatas_loader_replays_the_interrupted_ep
         assert ids(next_epoch) == ids(interrupted) and len(next_epoch) < scenario.batches_per_epoch, f"rank {rank}"
 
 
-def test_the_library_refuses_litdata_on_every_rank_naming_it(tmp_path: Path, litdata_runner: Runner) -> None:
-    scenario = replace(PLAIN[1], resumable=True)
-    run_dir = litdata_runner.root / "refused-litdata"
-    trained = run_phase(scenario, "full", run_dir, tmp_path / "x.ckpt", expect_failure=True)
-    assert not any(trained.values()), "a step trained"
-    log = (run_dir / "full.log").read_text()
-    for rank in range(2):
-        assert (
-            f"[rank{rank}]: lightning_resumable.errors.UnsupportedLoaderError: the train loader holds LitData's" in log
-        )
+EXACT = [replace(scenario, resumable=True) for scenario in PLAIN]
+
+
+@pytest.mark.parametrize("scenario", EXACT, ids=lambda scenario: scenario.label())
+def test_litdatas_loader_resumes_exactly(litdata_runner: Runner, scenario: Scenario) -> None:
+    """Under the two lines, LitData's StreamingDataLoader resumes each rank's ids, augmentations and
+    loss bits at every step, and the next epoch is a whole fresh one."""
+    outcome = litdata_runner.run(scenario)
+    assert outcome.stream_mismatches() == []
+    for rank, steps in outcome.full.items():
+        assert len(steps) == scenario.batches_per_epoch * scenario.epochs, f"rank {rank}"

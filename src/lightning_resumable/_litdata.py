@@ -1,0 +1,205 @@
+"""LitData (``litdata``): the one module that imports it, imported only when a train loader holds LitData.
+
+Promise: `make_litdata_resumable` turns the user's LitData ``StreamingDataLoader`` over a
+``StreamingDataset`` into a `LitDataLoader`, every setting kept, which a `StreamOwner` owns:
+
+- its state is LitData's own (``StreamingDataLoader.state_dict``: the samples each rank has read,
+  the worker whose batch comes next, the epoch), recorded before each batch, so that the state at the
+  trainer's count of completed batches is known after Lightning has read one batch ahead; Lightning
+  does not see it (it would save the look-ahead's state, and LitData's loader then replayed the
+  interrupted epoch's tail as the next epoch);
+- each sample is read under a seed keyed by the run's seed, the epoch and the sample's index in the
+  dataset, so augmentations drawn from the global generators are the same after a resume;
+- LitData's epoch is the trainer's (LitData counts from 1: ``current_epoch`` is the trainer's + 1).
+
+Private LitData API, tested against the version CI installs (``tests/e2e/test_litdata.py``):
+``ChunkedIndex.index`` (the sample's index, which ``StreamingDataset.__next__`` hands to
+``__getitem__``) and ``StreamingDataLoader.restore`` (set by ``load_state_dict``: the next pass
+continues the loaded state).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from litdata import StreamingDataLoader, StreamingDataset
+from litdata.streaming.sampler import ChunkedIndex
+from torch.utils.data import get_worker_info
+
+from lightning_resumable import randomness
+from lightning_resumable._keys import stream_key, stream_sample_seed
+from lightning_resumable.errors import StreamPositionError, UnsupportedLoaderError
+from lightning_resumable.verification import digest_of
+from lightning_resumable.workers import forking, leave_sigterm_to_rank, retire_ended, warn_once_on_affected_python
+
+__all__ = ["LitDataLoader", "make_litdata_resumable"]
+
+_STATES_KEPT = 3
+"""Loader states kept, one per batch: Lightning reads at most one batch ahead."""
+
+
+def _seed_samples(dataset: StreamingDataset, seed: int) -> None:
+    """Make ``dataset`` read each sample under its own seed, keyed by (seed, epoch, the sample's index):
+    its class becomes a subclass of its own whose ``__getitem__`` wraps the user's."""
+    base = type(dataset)
+
+    def __getitem__(self: Any, index: Any) -> Any:  # the dunder of the subclass
+        key = index.index if isinstance(index, ChunkedIndex) else int(index)
+        saved = randomness.GlobalGeneratorState() if get_worker_info() is None else None
+        try:
+            randomness.begin_sample(stream_sample_seed(stream_key(seed, self.current_epoch, 0, 0), key), True)
+            return base.__getitem__(self, index)
+        finally:
+            randomness.end_sample()
+            if saved is not None:  # the main process's generators are the training step's
+                saved.restore()
+
+    def __reduce__(self: Any) -> tuple[Any, ...]:  # a spawned worker gets the user's class, seeded again
+        plain = object.__new__(base)
+        plain.__dict__.update(self.__dict__)
+        return _seeded, (plain, seed)
+
+    members = {"__getitem__": __getitem__, "__reduce__": __reduce__, "__module__": __name__}
+    dataset.__class__ = type(base.__name__, (base,), members)
+
+
+def _seeded(dataset: StreamingDataset, seed: int) -> StreamingDataset:
+    _seed_samples(dataset, seed)
+    return dataset
+
+
+class LitDataLoader(StreamingDataLoader):  # type: ignore[misc]  # litdata is untyped
+    """LitData's ``StreamingDataLoader``, whose state the callback takes at the trainer's count of batches."""
+
+    reader = "litdata"
+    state_dict = None  # hidden from Lightning: use state_after and restore
+    load_state_dict = None
+
+    def __init__(self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch_source = epoch_source
+        self.batches_yielded = 0
+        self._restored_batches: int | None = None
+        self._states: dict[int, dict[str, Any]] = {}
+        self._read: dict[int, Any] = {}
+        self._finished_at: int | None = None
+        self._expected_first: str | None = None
+        self.first_batch: tuple[str, str] | None = None
+        self.inexact = False
+        self._next_epoch: int | None = None  # the epoch of the next pass, when not the trainer's (yet)
+        self._restored_state: dict[str, Any] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        # The pass continues a restored state only right after `resume_from`. LitData clears its
+        # ``restore`` flag only when a pass runs out, and Lightning stops a sized loader's pass at its
+        # length without exhausting it: LitData then replayed the interrupted epoch's tail.
+        restored, self._restored_state = self._restored_state, None
+        self.restore = restored is not None
+        if not self.restore:  # LitData adds 1 at each fresh pass: its epochs count from 1
+            self.current_epoch = self.epoch_source() if self._next_epoch is None else self._next_epoch
+        self._next_epoch = None
+        self.batches_yielded, self._restored_batches = self._restored_batches or 0, None
+        self._states, self._read, self._finished_at = {}, {}, None
+        if restored is not None:  # its state before the first batch (LitData's state_dict() would
+            self._states[self.batches_yielded] = restored  # overwrite the pending one with its own)
+        warn_once_on_affected_python(self)
+        leave_sigterm_to_rank(self)
+        return self._recording(super().__iter__())
+
+    def _get_iterator(self) -> Any:
+        """torch's iterator, which forks the workers, made as the library's loaders make theirs
+        (`lightning_resumable.workers.forking`): LitData's loader makes one each pass."""
+        with forking(super()._get_iterator) as iterator:
+            pass
+        return iterator
+
+    def _state(self) -> dict[str, Any]:
+        return copy.deepcopy(StreamingDataLoader.state_dict(self))
+
+    def _recording(self, batches: Iterator[Any]) -> Iterator[Any]:
+        while True:
+            if self.batches_yielded not in self._states:  # else the restored state, not yet applied
+                self._states[self.batches_yielded] = self._state()
+            self._states.pop(self.batches_yielded - _STATES_KEPT, None)
+            self._read.pop(self.batches_yielded - _STATES_KEPT, None)
+            try:
+                batch = next(batches)
+            except StopIteration:
+                self._finished_at = self.batches_yielded
+                return
+            if self._expected_first is not None:
+                self.first_batch, self._expected_first = (self._expected_first, digest_of(batch)), None
+            self._read[self.batches_yielded] = batch
+            self.batches_yielded += 1
+            yield batch
+
+    def state_after(self, batches: int) -> dict[str, Any]:
+        """LitData's loader state after ``batches`` batches of the current epoch."""
+        if batches in self._states:
+            return self._states[batches]
+        if self._restored_state is not None and batches == self._restored_batches:
+            return self._restored_state  # restored, and not iterated yet
+        if batches == self.batches_yielded:
+            return self._state()
+        raise StreamPositionError(
+            f"the trainer has completed {batches} batches of this epoch but LitData's loader has yielded"
+            f" {self.batches_yielded}; its state at batch {batches} is not known"
+        )
+
+    def finished_after(self, batches: int) -> bool:
+        """Whether the epoch had run out after ``batches`` batches."""
+        return self._finished_at == batches
+
+    def next_batch_digest(self, batches: int) -> str:
+        """The digest of batch ``batches`` of the epoch, if it has been read (Lightning reads ahead)."""
+        return digest_of(self._read[batches]) if batches in self._read else ""
+
+    def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
+        """Continue the next pass from LitData's ``state``, ``batches`` batches into the epoch."""
+        self._restored_state = copy.deepcopy(dict(state))
+        StreamingDataLoader.load_state_dict(self, copy.deepcopy(dict(state)))
+        self._restored_batches = batches
+        self._expected_first, self.first_batch = next_batch or None, None
+
+    def start_epoch(self, epoch: int) -> None:
+        """Make the next pass a fresh one of ``epoch`` (a resume after an epoch's last batch)."""
+        self.restore, self._next_epoch = False, epoch
+
+    def retire_workers(self) -> None:
+        """At the end of a fit: every retired pass's workers and threads have ended (LitData's loader
+        keeps no iterator across passes)."""
+        retire_ended()
+
+
+def make_litdata_resumable(loader: StreamingDataLoader, *, seed: int, epoch_source: Callable[[], int]) -> LitDataLoader:
+    """``loader`` (LitData's ``StreamingDataLoader`` over a ``StreamingDataset``) as a `LitDataLoader`.
+
+    Raises:
+        UnsupportedLoaderError: the dataset is a ``CombinedStreamingDataset`` or
+            ``ParallelStreamingDataset``, or the loader has persistent workers.
+    """
+    dataset = loader.dataset
+    if not isinstance(dataset, StreamingDataset):
+        raise UnsupportedLoaderError(
+            f"LitData's StreamingDataLoader over a {type(dataset).__name__} is not resumed yet; over a"
+            " StreamingDataset it is"
+        )
+    if loader.num_workers > 0 and loader.persistent_workers:
+        raise UnsupportedLoaderError("LitData's loader with persistent_workers=True; pass persistent_workers=False")
+    _seed_samples(dataset, seed)
+    extra: dict[str, Any] = {}
+    if loader.num_workers > 0:
+        extra = {"prefetch_factor": loader.prefetch_factor, "multiprocessing_context": loader.multiprocessing_context}
+    return LitDataLoader(
+        dataset,
+        batch_size=loader.batch_size,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn.collate_fn,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        epoch_source=epoch_source,
+        **extra,
+    )
