@@ -26,7 +26,6 @@ from typing import Any
 
 from litdata import StreamingDataLoader, StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
-from torch.utils.data import get_worker_info
 
 from lightning_resumable import randomness
 from lightning_resumable._keys import stream_key, stream_sample_seed
@@ -47,14 +46,11 @@ def _seed_samples(dataset: StreamingDataset, seed: int) -> None:
 
     def __getitem__(self: Any, index: Any) -> Any:  # the dunder of the subclass
         key = index.index if isinstance(index, ChunkedIndex) else int(index)
-        saved = randomness.GlobalGeneratorState() if get_worker_info() is None else None
-        try:
+        try:  # in the main process, `LitDataLoader` puts the global generators back after each batch
             randomness.begin_sample(stream_sample_seed(stream_key(seed, self.current_epoch, 0, 0), key), True)
             return base.__getitem__(self, index)
         finally:
             randomness.end_sample()
-            if saved is not None:  # the main process's generators are the training step's
-                saved.restore()
 
     def __reduce__(self: Any) -> tuple[Any, ...]:  # a spawned worker gets the user's class, seeded again
         plain = object.__new__(base)
@@ -124,11 +120,15 @@ class LitDataLoader(StreamingDataLoader):  # type: ignore[misc]  # litdata is un
                 self._states[self.batches_yielded] = self._state()
             self._states.pop(self.batches_yielded - _STATES_KEPT, None)
             self._read.pop(self.batches_yielded - _STATES_KEPT, None)
+            saved = randomness.GlobalGeneratorState() if self.num_workers == 0 else None
             try:
-                batch = next(batches)
+                batch = next(batches)  # without workers, fetched here: the samples' seeds are set here
             except StopIteration:
                 self._finished_at = self.batches_yielded
                 return
+            finally:
+                if saved is not None:  # the main process's generators are the training step's
+                    saved.restore()
             if self._expected_first is not None:
                 self.first_batch, self._expected_first = (self._expected_first, digest_of(batch)), None
             self._read[self.batches_yielded] = batch
