@@ -12,10 +12,11 @@ Promise: `make_litdata_resumable` turns the user's LitData ``StreamingDataLoader
   dataset, so augmentations drawn from the global generators are the same after a resume;
 - LitData's epoch is the trainer's (LitData counts from 1: ``current_epoch`` is the trainer's + 1).
 
-Private LitData API, tested against the version CI installs (``tests/e2e/test_litdata.py``):
-``ChunkedIndex.index`` (the sample's index, which ``StreamingDataset.__next__`` hands to
-``__getitem__``) and ``StreamingDataLoader.restore`` (set by ``load_state_dict``: the next pass
-continues the loaded state).
+Private LitData API and behaviour, tested against the version CI installs
+(``tests/test_litdata_internals.py``, ``tests/e2e/test_litdata.py``): ``ChunkedIndex.index`` (the
+sample's index, which ``StreamingDataset.__next__`` hands to ``__getitem__``);
+``StreamingDataLoader.restore`` (set by ``load_state_dict``: the next pass continues the loaded
+state); and ``StreamingDataset.state_dict`` overwriting a loaded state not yet applied with its own.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class LitDataLoader(StreamingDataLoader):  # type: ignore[misc]  # litdata is un
     """LitData's ``StreamingDataLoader``, whose state the callback takes at the trainer's count of batches."""
 
     reader = "litdata"
-    state_dict = None  # hidden from Lightning: use state_after and restore
+    state_dict = None  # hidden from Lightning: use state_after and resume_from
     load_state_dict = None
 
     def __init__(self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, **kwargs: Any) -> None:
