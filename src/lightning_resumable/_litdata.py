@@ -174,14 +174,23 @@ class LitDataLoader(StreamingDataLoader):  # type: ignore[misc]  # litdata is un
         retire_ended()
 
 
-def make_litdata_resumable(loader: StreamingDataLoader, *, seed: int, epoch_source: Callable[[], int]) -> LitDataLoader:
-    """``loader`` (LitData's ``StreamingDataLoader`` over a ``StreamingDataset``) as a `LitDataLoader`.
+def make_litdata_resumable(loader: Any, *, seed: int, epoch_source: Callable[[], int]) -> LitDataLoader:
+    """``loader`` (LitData's ``StreamingDataLoader``, or a torch ``DataLoader`` or ``StatefulDataLoader``,
+    over a ``StreamingDataset``) as a `LitDataLoader`: a torch loader cannot hand LitData's dataset
+    the counts its ``state_dict`` needs; LitData's loader can.
 
     Raises:
         UnsupportedLoaderError: the dataset is a ``CombinedStreamingDataset`` or
-            ``ParallelStreamingDataset``, or the loader has persistent workers.
+            ``ParallelStreamingDataset``, the loader has persistent workers, or a torch loader drops
+            its last batch (LitData's ``drop_last`` is the dataset's: pass it there).
     """
     dataset = loader.dataset
+    own = isinstance(loader, StreamingDataLoader)
+    if not own and loader.drop_last:
+        raise UnsupportedLoaderError(
+            "a torch DataLoader(drop_last=True) over LitData's StreamingDataset: LitData's loader, which this"
+            " library reads it through, has no such option; pass drop_last to the StreamingDataset instead"
+        )
     if not isinstance(dataset, StreamingDataset):
         raise UnsupportedLoaderError(
             f"LitData's StreamingDataLoader over a {type(dataset).__name__} is not resumed yet; over a"
@@ -197,7 +206,7 @@ def make_litdata_resumable(loader: StreamingDataLoader, *, seed: int, epoch_sour
         dataset,
         batch_size=loader.batch_size,
         num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn.collate_fn,
+        collate_fn=loader.collate_fn.collate_fn if own else loader.collate_fn,
         pin_memory=loader.pin_memory,
         timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn,

@@ -24,7 +24,7 @@ from lightning_resumable.errors import UnsupportedLoaderError
 __all__ = [
     "LIBRARIES",
     "Library",
-    "is_litdata_loader",
+    "is_litdata",
     "library_of",
     "refuse_unsupported",
     "required_state_dict_arguments",
@@ -56,9 +56,9 @@ LIBRARIES = (
 _TODAY = {
     "LitData": (
         "Its StreamingDataset keeps its position in its own StreamingDataLoader, whose state_dict hands the"
-        " dataset the loader's counts: return LitData's StreamingDataLoader over a StreamingDataset, which"
-        " this library resumes exactly (a torch DataLoader over it, and CombinedStreamingDataset or"
-        " ParallelStreamingDataset, are not resumed yet)"
+        " dataset the loader's counts: return LitData's StreamingDataLoader (or a torch DataLoader) over a"
+        " StreamingDataset, which this library resumes exactly (CombinedStreamingDataset and"
+        " ParallelStreamingDataset are not resumed yet)"
     ),
     "MosaicML Streaming": (
         "lightning-resumable does not resume MosaicML Streaming yet: its StreamingDataset keeps its position"
@@ -76,12 +76,9 @@ def library_of(node: object) -> Library | None:
     return next((library for library in LIBRARIES if library.package == package), None)
 
 
-def is_litdata_loader(node: object) -> bool:
-    """Whether ``node`` is LitData's ``StreamingDataLoader`` (or a subclass of it)."""
-    return any(
-        cls.__name__ == "StreamingDataLoader" and cls.__module__.partition(".")[0] == "litdata"
-        for cls in type(node).__mro__
-    )
+def is_litdata(node: object, name: str) -> bool:
+    """Whether ``node`` is of LitData's class ``name`` (``StreamingDataLoader``, ``StreamingDataset``)."""
+    return any(cls.__name__ == name and cls.__module__.partition(".")[0] == "litdata" for cls in type(node).__mro__)
 
 
 def required_state_dict_arguments(node: object) -> list[str]:

@@ -50,7 +50,7 @@ from lightning_resumable.draws import (
     WeightedDraws,
 )
 from lightning_resumable.errors import UnsupportedLoaderError
-from lightning_resumable.libraries import is_litdata_loader, refuse_unsupported
+from lightning_resumable.libraries import is_litdata, refuse_unsupported
 from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.streams import SeededStream, StreamLoader
@@ -111,7 +111,9 @@ def make_resumable(
     """
     if getattr(type(loader), "reader", None) == "litdata":
         return loader  # type: ignore[return-value]  # built by this function already
-    if is_litdata_loader(loader):
+    torch_loader = type(loader) in (DataLoader, StatefulDataLoader)
+    over_litdata = torch_loader and is_litdata(getattr(loader, "dataset", None), "StreamingDataset")
+    if is_litdata(loader, "StreamingDataLoader") or over_litdata:  # read through LitData's own loader
         from lightning_resumable._litdata import make_litdata_resumable  # imports litdata: only when used
 
         return make_litdata_resumable(loader, seed=seed, epoch_source=epoch_source)

@@ -17,7 +17,10 @@ from .harness import Runner, Scenario
 
 pytest.importorskip("litdata")
 
-PLAIN = [Scenario(world_size=2, num_workers=workers, data="litdata", resumable=False) for workers in (0, 2)]
+PLAIN = [
+    Scenario(world_size=2, num_workers=workers, loader="StreamingDataLoader", data="litdata", resumable=False)
+    for workers in (0, 2)
+]
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +56,16 @@ def test_control_plain_lightning_with_litdatas_loader_replays_the_interrupted_ep
 
 
 EXACT = [replace(scenario, resumable=True) for scenario in PLAIN]
+# A torch DataLoader over LitData's dataset crashed (its state_dict takes the loader's counts); it is
+# read through LitData's loader.
+EXACT.append(replace(EXACT[1], loader="DataLoader"))
 
 
 @pytest.mark.parametrize("scenario", EXACT, ids=lambda scenario: scenario.label())
 def test_litdatas_loader_resumes_exactly(litdata_runner: Runner, scenario: Scenario) -> None:
-    """Under the two lines, LitData's StreamingDataLoader resumes each rank's ids, augmentations and
-    loss bits at every step, and the next epoch is a whole fresh one."""
+    """Under the two lines, LitData's StreamingDataLoader (or a torch DataLoader over its dataset)
+    resumes each rank's ids, augmentations and loss bits at every step, and the next epoch is a whole
+    fresh one."""
     outcome = litdata_runner.run(scenario)
     assert outcome.stream_mismatches() == []
     for rank, steps in outcome.full.items():

@@ -374,7 +374,8 @@ class PlainData(L.LightningDataModule):
             from litdata import StreamingDataLoader
 
             self.train_set = litdata_stream(Path(self.config["out_dir"]).parent / LITDATA_DIR)
-            return StreamingDataLoader(
+            loader_type = StreamingDataLoader if self.config["loader"] == "StreamingDataLoader" else DataLoader
+            return loader_type(
                 self.train_set, batch_size=self.config["batch_size"], num_workers=self.config["num_workers"]
             )
         if data in ("combined", "dict"):
