@@ -381,7 +381,7 @@ def stream_table(size: int, rounds: int) -> None:
                 restored = build()
                 start = time.perf_counter()
                 if name.startswith("ours"):
-                    restored.restore(state, batches // 2 + 1)
+                    restored.resume_from(state, batches // 2 + 1)
                 else:
                     restored.load_state_dict(state)
                 next(iter(restored))

@@ -30,14 +30,11 @@ from litdata.streaming.sampler import ChunkedIndex
 
 from lightning_resumable import randomness
 from lightning_resumable._keys import stream_key, stream_sample_seed
-from lightning_resumable.errors import StreamPositionError, UnsupportedLoaderError
-from lightning_resumable.verification import digest_of
+from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.recording import PassRecord
 from lightning_resumable.workers import forking, leave_sigterm_to_rank, retire_ended, warn_once_on_affected_python
 
 __all__ = ["LitDataLoader", "make_litdata_resumable"]
-
-_STATES_KEPT = 3
-"""Loader states kept, one per batch: Lightning reads at most one batch ahead."""
 
 
 def _seed_samples(dataset: StreamingDataset, seed: int) -> None:
@@ -77,33 +74,22 @@ class LitDataLoader(StreamingDataLoader):  # type: ignore[misc]  # litdata is un
     def __init__(self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.epoch_source = epoch_source
-        self.batches_yielded = 0
-        self._restored_batches: int | None = None
-        self._states: dict[int, dict[str, Any]] = {}
-        self._read: dict[int, Any] = {}
-        self._finished_at: int | None = None
-        self._expected_first: str | None = None
-        self.first_batch: tuple[str, str] | None = None
+        self.record = PassRecord("LitData's loader", self._state)
         self.inexact = False
         self._next_epoch: int | None = None  # the epoch of the next pass, when not the trainer's (yet)
-        self._restored_state: dict[str, Any] | None = None
 
     def __iter__(self) -> Iterator[Any]:
         # The pass continues a restored state only right after `resume_from`. LitData clears its
         # ``restore`` flag only when a pass runs out, and Lightning stops a sized loader's pass at its
         # length without exhausting it: LitData then replayed the interrupted epoch's tail.
-        restored, self._restored_state = self._restored_state, None
-        self.restore = restored is not None
+        self.restore = self.record.resuming
         if not self.restore:  # LitData adds 1 at each fresh pass: its epochs count from 1
             self.current_epoch = self.epoch_source() if self._next_epoch is None else self._next_epoch
         self._next_epoch = None
-        self.batches_yielded, self._restored_batches = self._restored_batches or 0, None
-        self._states, self._read, self._finished_at = {}, {}, None
-        if restored is not None:  # its state before the first batch (LitData's state_dict() would
-            self._states[self.batches_yielded] = restored  # overwrite the pending one with its own)
         warn_once_on_affected_python(self)
         leave_sigterm_to_rank(self)
-        return self._recording(super().__iter__())
+        # Without workers the samples (and their seeds) are read in this process, in next().
+        return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0)
 
     def _get_iterator(self) -> Any:
         """torch's iterator, which forks the workers, made as the library's loaders make theirs
@@ -115,54 +101,28 @@ class LitDataLoader(StreamingDataLoader):  # type: ignore[misc]  # litdata is un
     def _state(self) -> dict[str, Any]:
         return copy.deepcopy(StreamingDataLoader.state_dict(self))
 
-    def _recording(self, batches: Iterator[Any]) -> Iterator[Any]:
-        while True:
-            if self.batches_yielded not in self._states:  # else the restored state, not yet applied
-                self._states[self.batches_yielded] = self._state()
-            self._states.pop(self.batches_yielded - _STATES_KEPT, None)
-            self._read.pop(self.batches_yielded - _STATES_KEPT, None)
-            saved = randomness.GlobalGeneratorState() if self.num_workers == 0 else None
-            try:
-                batch = next(batches)  # without workers, fetched here: the samples' seeds are set here
-            except StopIteration:
-                self._finished_at = self.batches_yielded
-                return
-            finally:
-                if saved is not None:  # the main process's generators are the training step's
-                    saved.restore()
-            if self._expected_first is not None:
-                self.first_batch, self._expected_first = (self._expected_first, digest_of(batch)), None
-            self._read[self.batches_yielded] = batch
-            self.batches_yielded += 1
-            yield batch
+    @property
+    def first_batch(self) -> tuple[str, str] | None:
+        """(expected, read) digests of the first batch after a restore, once read."""
+        return self.record.first_batch
 
     def state_after(self, batches: int) -> dict[str, Any]:
         """LitData's loader state after ``batches`` batches of the current epoch."""
-        if batches in self._states:
-            return self._states[batches]
-        if self._restored_state is not None and batches == self._restored_batches:
-            return self._restored_state  # restored, and not iterated yet
-        if batches == self.batches_yielded:
-            return self._state()
-        raise StreamPositionError(
-            f"the trainer has completed {batches} batches of this epoch but LitData's loader has yielded"
-            f" {self.batches_yielded}; its state at batch {batches} is not known"
-        )
+        return self.record.state_after(batches)
 
     def finished_after(self, batches: int) -> bool:
         """Whether the epoch had run out after ``batches`` batches."""
-        return self._finished_at == batches
+        return self.record.finished_after(batches)
 
     def next_batch_digest(self, batches: int) -> str:
         """The digest of batch ``batches`` of the epoch, if it has been read (Lightning reads ahead)."""
-        return digest_of(self._read[batches]) if batches in self._read else ""
+        return self.record.next_batch_digest(batches)
 
     def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
         """Continue the next pass from LitData's ``state``, ``batches`` batches into the epoch."""
-        self._restored_state = copy.deepcopy(dict(state))
         StreamingDataLoader.load_state_dict(self, copy.deepcopy(dict(state)))
-        self._restored_batches = batches
-        self._expected_first, self.first_batch = next_batch or None, None
+        # Kept as restored: LitData's state_dict() would overwrite the pending one with its own.
+        self.record.resume(batches, copy.deepcopy(dict(state)), next_batch)
 
     def start_epoch(self, epoch: int) -> None:
         """Make the next pass a fresh one of ``epoch`` (a resume after an epoch's last batch)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
@@ -148,10 +148,10 @@ class ResumableDataCallback(pl.Callback):
         """Take ownership of ``loader`` (a map-style loader with a `ResumableSampler`, or a `StreamLoader`)
         before it is iterated: apply a restored state once, or else select the trainer's current epoch
         (a loader reloaded mid-run may be iterated, with prefetching workers, before Lightning's ``set_epoch``)."""
-        if isinstance(getattr(type(loader), "reader", None), str):  # a StreamLoader, or LitData's
+        if isinstance(loader, StreamReader):  # a StreamLoader, or a data library's
             trainer = self._trainer
             rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-            self._take(StreamOwner(cast(StreamReader, loader), rank, world_size), current_epoch)
+            self._take(StreamOwner(loader, rank, world_size), current_epoch)
         else:
             self._take(LoaderOwner(loader), current_epoch)
 

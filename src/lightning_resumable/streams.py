@@ -8,7 +8,8 @@ resumes on every rank at the batch after the checkpoint, with the same content.
   keyed by rank, and each rank restores its own, before its iterator exists.
 - Lightning reads one batch ahead of ``training_step`` for a loader without a length, so the loader's
   state when a checkpoint is written is one batch too far. `StreamLoader` records its state
-  before each batch and hands out the one at the trainer's count of completed batches.
+  before each batch (`lightning_resumable.recording`) and hands out the one at the trainer's count
+  of completed batches.
 - Workers' stream state is captured by torchdata's ``StatefulDataLoader`` (a snapshot at every batch).
 - Each sample is drawn under a seed of ``(seed, epoch, rank, worker, samples that worker has yielded)``,
   so augmentations drawn from the global generators are the same after a resume.
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from torch.utils.data import IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -34,12 +35,11 @@ from lightning_resumable._keys import stream_key, stream_sample_seed
 from lightning_resumable._torchdata import check_loader_state, torchdata_release, torchdata_version
 from lightning_resumable.errors import (
     IncompatibleStateError,
-    StreamPositionError,
     WorkerCountChangedError,
     WorldSizeChangedError,
 )
 from lightning_resumable.format import GLOBAL_POSITION_ATTRIBUTE, StreamState
-from lightning_resumable.verification import digest_of
+from lightning_resumable.recording import PassRecord
 from lightning_resumable.workers import (
     forking,
     leave_sigterm_to_rank,
@@ -57,9 +57,6 @@ __all__ = [
     "state_for_rank",
     "torchdata_version",
 ]
-
-_STATES_KEPT = 3
-"""Loader states kept, one per batch: Lightning reads at most one batch ahead."""
 
 
 class SeededStream(IterableDataset[Any]):
@@ -139,16 +136,18 @@ class SeededStream(IterableDataset[Any]):
         self._yielded = self._restored_yielded = int(state["yielded"])  # the state until the next sample
 
 
+@runtime_checkable
 class StreamReader(Protocol):
-    """What a `StreamOwner` needs of a stream's loader: `StreamLoader`, or LitData's
-    (`lightning_resumable._litdata.LitDataLoader`)."""
+    """What a `StreamOwner` needs of a stream's loader: `StreamLoader`, or a data library's
+    (`lightning_resumable._litdata.LitDataLoader`, `lightning_resumable._mosaic.MosaicLoader`)."""
 
     reader: str
     dataset: Any
     num_workers: int
     inexact: bool
-    first_batch: tuple[str, str] | None
 
+    @property
+    def first_batch(self) -> tuple[str, str] | None: ...
     def state_after(self, batches: int) -> dict[str, Any]: ...
     def finished_after(self, batches: int) -> bool: ...
     def next_batch_digest(self, batches: int) -> str: ...
@@ -160,10 +159,10 @@ class StreamReader(Protocol):
 class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is untyped
     """A ``StatefulDataLoader`` whose state the callback takes at the trainer's count of batches.
 
-    It records its state before each batch (a copy; the last few batches only), so the state after
-    ``k`` batches is known after Lightning has read batch ``k + 1`` ahead. ``state_dict`` and
+    Its `PassRecord` keeps its state before each of the last few batches, so the state after ``k``
+    batches is known after Lightning has read batch ``k + 1`` ahead. ``state_dict`` and
     ``load_state_dict`` are hidden from Lightning, which would save rank 0's state after the
-    look-ahead and load it on every rank: use `state_after` and `restore`.
+    look-ahead and load it on every rank: use `state_after` and `resume_from`.
     """
 
     reader = "torchdata"
@@ -174,13 +173,8 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
     def __init__(self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.epoch_source = epoch_source
-        self.batches_yielded = 0  # batches of the current epoch, counting those before a restore
-        self._restored_batches: int | None = None
         self._next_epoch: int | None = None  # the epoch of the next pass, when not the trainer's (yet)
-        self._states: dict[int, dict[str, Any]] = {}
-        self._read: dict[int, Any] = {}  # the last batches yielded, by index: the look-ahead's is fingerprinted
-        self._expected_first: str | None = None  # the digest the first batch after a restore must have
-        self.first_batch: tuple[str, str] | None = None  # (expected, read) digests of that batch, once read
+        self.record = PassRecord("the stream loader", self._state, state_at_end=True)
         self.inexact = False  # known not to resume exactly (allowed by the user): not verified
 
     def __iter__(self) -> Iterator[Any]:
@@ -188,8 +182,6 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
         assert isinstance(stream, SeededStream)
         epoch, self._next_epoch = (self.epoch_source() if self._next_epoch is None else self._next_epoch), None
         stream.set_epoch(epoch)  # before the workers get their copy
-        self.batches_yielded, self._restored_batches = self._restored_batches or 0, None
-        self._states, self._read = {}, {}
         # Retire the previous pass's iterator (its workers and feeder threads) before new workers are
         # forked (see lightning_resumable.workers): 2 hangs in 11 runs of 3 epochs before, none in 22 after.
         if not self._initial_iter_for_state_dict:  # else that iterator holds a restored state: keep it
@@ -201,7 +193,7 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
         leave_sigterm_to_rank(self)
         with forking(super().__iter__) as iterator:
             pass
-        return self._recording(iterator)
+        return self.record.record(iterator)
 
     def retire_workers(self) -> None:
         """Retire the last pass's iterator (its workers and feeder threads), at the end of a fit."""
@@ -209,57 +201,36 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
         if previous is not None:
             retire(previous)
 
-    def _recording(self, batches: Iterator[Any]) -> Iterator[Any]:
-        while True:
-            self._states[self.batches_yielded] = copy.deepcopy(StatefulDataLoader.state_dict(self))
-            self._states.pop(self.batches_yielded - _STATES_KEPT, None)
-            self._read.pop(self.batches_yielded - _STATES_KEPT, None)
-            try:
-                batch = next(batches)
-            except StopIteration:
-                self._states[self.batches_yielded] = copy.deepcopy(StatefulDataLoader.state_dict(self))
-                return
-            if self._expected_first is not None:
-                self.first_batch, self._expected_first = (self._expected_first, digest_of(batch)), None
-            self._read[self.batches_yielded] = batch
-            self.batches_yielded += 1
-            yield batch
+    def _state(self) -> dict[str, Any]:
+        return copy.deepcopy(StatefulDataLoader.state_dict(self))
+
+    @property
+    def batches_yielded(self) -> int:
+        """Batches of the current epoch yielded, counting those before a restore."""
+        return self.record.batches
+
+    @property
+    def first_batch(self) -> tuple[str, str] | None:
+        """(expected, read) digests of the first batch after a restore, once read."""
+        return self.record.first_batch
 
     def state_after(self, batches: int) -> dict[str, Any]:
-        """The loader's state after ``batches`` batches of the current epoch.
-
-        Raises:
-            IncompatibleStateError: that state is not among the last few (the trainer's count and the
-                loader's disagree by more than Lightning's look-ahead).
-        """
-        if batches in self._states:
-            return self._states[batches]
-        if batches == self.batches_yielded:  # no look-ahead (a sized stream, or the first batch)
-            return copy.deepcopy(StatefulDataLoader.state_dict(self))
-        raise StreamPositionError(
-            f"the trainer has completed {batches} batches of this epoch but the stream loader has yielded"
-            f" {self.batches_yielded}; its state at batch {batches} is not known"
-        )
+        """The loader's state after ``batches`` batches of the current epoch (`PassRecord.state_after`)."""
+        return self.record.state_after(batches)
 
     def finished_after(self, batches: int) -> bool:
         """Whether the epoch had run out after ``batches`` batches."""
-        return loader_state_finished(self.state_after(batches))
+        return self.record.finished_after(batches)
 
     def next_batch_digest(self, batches: int) -> str:
-        """The digest of batch ``batches`` of the epoch (the one after ``batches`` completed ones), if it
-        has been read (Lightning reads a batch ahead); else ``""``.
-
-        At a save between steps that batch has not reached ``training_step`` yet, so it is as the
-        loader made it.
-        """
-        return digest_of(self._read[batches]) if batches in self._read else ""
+        """The digest of batch ``batches`` of the epoch, if read (`PassRecord.next_batch_digest`)."""
+        return self.record.next_batch_digest(batches)
 
     def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
         """Continue the next iteration from ``state``, ``batches`` batches into the epoch; ``next_batch``:
         the digest the first batch read must have (`first_batch` holds the outcome), ``""``: unknown."""
         StatefulDataLoader.load_state_dict(self, dict(state))
-        self._restored_batches = batches
-        self._expected_first, self.first_batch = next_batch or None, None
+        self.record.resume(batches, next_batch=next_batch)
 
     def start_epoch(self, epoch: int) -> None:
         """Make the next iteration a fresh pass of ``epoch`` (a resume after an epoch's last batch: Lightning

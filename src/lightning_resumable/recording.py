@@ -1,0 +1,125 @@
+"""What a stream's loader read in its current pass: the state before each of its last few batches, and
+those batches, counted from the start of the epoch.
+
+Promise: the state and the next batch's digest at the trainer's count of completed batches are known
+after Lightning has read one batch ahead; the first batch after a restore is compared with the
+digest the checkpoint recorded. One `PassRecord` per loader, shared by every reader of a stream
+(`lightning_resumable.streams.StreamLoader`, LitData's and MosaicML Streaming's loaders).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from lightning_resumable import randomness
+from lightning_resumable.errors import StreamPositionError
+from lightning_resumable.verification import digest_of
+
+__all__ = ["PassRecord"]
+
+_KEPT = 3
+"""Batches (and states) kept: Lightning reads at most one batch ahead."""
+
+
+class PassRecord:
+    """The current pass of one loader: its states and batches by index in the epoch.
+
+    Args:
+        name: the loader, as errors name it.
+        state: the loader's state now (a fresh copy), or ``None`` when the state is computed from the
+            count alone (MosaicML Streaming's global sample count).
+        state_at_end: take the state again when the pass runs out (torchdata's marks it finished).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        state: Callable[[], dict[str, Any]] | None,
+        state_at_end: bool = False,
+    ) -> None:
+        self.name, self._state, self._state_at_end = name, state, state_at_end
+        self.batches = 0  # batches of the current epoch yielded, counting those before a restore
+        self._states: dict[int, dict[str, Any]] = {}
+        self._read: dict[int, Any] = {}
+        self._finished_at: int | None = None
+        self._pending: tuple[int, dict[str, Any] | None] | None = None  # (batches, state) restored, not yet read
+        self._expected_first: str | None = None  # the digest the first batch after a restore must have
+        self.first_batch: tuple[str, str] | None = None  # (expected, read) digests of that batch, once read
+
+    def resume(self, batches: int, state: Mapping[str, Any] | None = None, next_batch: str = "") -> None:
+        """The next pass continues ``batches`` batches into the epoch (from ``state``, if the loader cannot
+        give its restored state back before it reads); ``next_batch``: the digest its first batch must
+        have, ``""``: unknown."""
+        self._pending = (batches, dict(state) if state is not None else None)
+        self._expected_first, self.first_batch = next_batch or None, None
+
+    @property
+    def resuming(self) -> bool:
+        """Whether the next pass continues a restored state."""
+        return self._pending is not None
+
+    def record(self, batches: Iterator[Any], restore_globals: bool = False) -> Iterator[Any]:
+        """``batches``, one pass, recorded; ``restore_globals``: the samples are read here (no workers), so
+        put the global generators back after each batch (they are the training step's)."""
+        pending, self._pending = self._pending, None
+        self.batches = pending[0] if pending is not None else 0
+        self._states, self._read, self._finished_at = {}, {}, None
+        if pending is not None and pending[1] is not None:
+            self._states[self.batches] = pending[1]  # the loader may not give it back before it reads
+        return self._recording(batches, restore_globals)
+
+    def _recording(self, batches: Iterator[Any], restore_globals: bool) -> Iterator[Any]:
+        while True:
+            if self._state is not None and self.batches not in self._states:
+                self._states[self.batches] = self._state()
+            self._states.pop(self.batches - _KEPT, None)
+            self._read.pop(self.batches - _KEPT, None)
+            saved = randomness.GlobalGeneratorState() if restore_globals else None
+            try:
+                batch = next(batches)
+            except StopIteration:
+                self._finished_at = self.batches
+                if self._state is not None and self._state_at_end:
+                    self._states[self.batches] = self._state()
+                return
+            finally:
+                if saved is not None:
+                    saved.restore()
+            if self._expected_first is not None:
+                self.first_batch, self._expected_first = (self._expected_first, digest_of(batch)), None
+            self._read[self.batches] = batch
+            self.batches += 1
+            yield batch
+
+    def state_after(self, batches: int) -> dict[str, Any]:
+        """The loader's state after ``batches`` batches of the current epoch.
+
+        Raises:
+            StreamPositionError: that state is not among the last few (the trainer's count and the
+                loader's disagree by more than Lightning's look-ahead).
+        """
+        assert self._state is not None, "a loader whose state is computed from the count"
+        if batches in self._states:
+            return self._states[batches]
+        if self._pending is not None and batches == self._pending[0]:  # restored, not read yet
+            return self._pending[1] if self._pending[1] is not None else self._state()
+        if batches == self.batches:  # no look-ahead (a sized stream, or the first batch)
+            return self._state()
+        raise StreamPositionError(
+            f"the trainer has completed {batches} batches of this epoch but {self.name} has yielded"
+            f" {self.batches}; its state at batch {batches} is not known"
+        )
+
+    def finished_after(self, batches: int) -> bool:
+        """Whether the pass had run out after ``batches`` batches."""
+        return self._finished_at == batches
+
+    def next_batch_digest(self, batches: int) -> str:
+        """The digest of batch ``batches`` of the epoch (the one after ``batches`` completed ones), if it
+        has been read (Lightning reads a batch ahead); else ``""``.
+
+        At a save between steps that batch has not reached ``training_step`` yet, so it is as the
+        loader made it.
+        """
+        return digest_of(self._read[batches]) if batches in self._read else ""
