@@ -31,6 +31,7 @@ from lightning_resumable.errors import (
     WorkerCountChangedError,
     WorldSizeChangedError,
 )
+from lightning_resumable.libraries import set_mosaic_environment
 from lightning_resumable.order import EpochOrder
 from lightning_resumable.randomness import SampleRng, SampleSeededDataset, sample_rng
 from lightning_resumable.sampler import ResumableSampler
@@ -81,6 +82,7 @@ __all__ = [
     "WorkerCountChangedError",
     "WorldSizeChangedError",
     "sample_rng",
+    "set_mosaic_environment",
 ]
 
 __version__ = version("lightning-resumable")  # one place: pyproject.toml, read from the installed metadata

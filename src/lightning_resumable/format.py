@@ -192,7 +192,7 @@ class StreamState:
             rank order; ``""`` for a rank that had not read it; ``None`` if not recorded (no
             verification, or a state before version 3).
         reader: what read the stream and wrote ``ranks``: ``torchdata`` (a ``StatefulDataLoader``)
-            or ``litdata`` (LitData's ``StreamingDataLoader``).
+            ``litdata`` or ``mosaic`` (LitData's or MosaicML Streaming's ``StreamingDataLoader``).
     """
 
     seed: int
@@ -241,8 +241,10 @@ class StreamState:
             raise StateFormatError(f"the stream state must hold one loader state per rank ({state.world_size})")
         if state.torchdata:
             torchdata_release(state.torchdata)
-        if state.reader not in ("torchdata", "litdata"):
-            raise StateFormatError(f"a stream state's reader must be torchdata or litdata, got {state.reader!r:.100}")
+        if state.reader not in ("torchdata", "litdata", "mosaic"):
+            raise StateFormatError(
+                f"a stream state's reader must be torchdata, litdata or mosaic, got {state.reader!r:.100}"
+            )
         if state.next_batch is not None and (
             len(state.next_batch) != state.world_size
             or not all(digest == "" or _is_digest(digest) for digest in state.next_batch)

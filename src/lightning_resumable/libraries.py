@@ -3,10 +3,11 @@ and what this release does with it.
 
 Promise: an object of LitData or MosaicML Streaming anywhere in a train loader (the loader, its
 dataset, sampler, or what they wrap) is refused with `UnsupportedLoaderError` naming the library and
-the way that works today, before anything calls its ``state_dict``; so is any other object whose
-``state_dict`` takes required arguments (those libraries' take their loader's counts), never with
-the ``TypeError`` that calling it would raise. A library is recognised by the package its class
-comes from: none is imported here.
+the way that works today, before anything calls its ``state_dict``, unless it is the library's loader
+(or a torch loader) over its dataset, which `lightning_resumable.loader` hands to the library's
+reader; so is any other object whose ``state_dict`` takes required arguments (those libraries' take
+their loader's counts), never with the ``TypeError`` that calling it would raise. A library is
+recognised by the package its class comes from: none is imported here.
 
 The keys each library keeps as the bookkeeping of its own global position are declared here, in
 `Library.position_keys`: the contract check (`lightning_resumable.contract`) accepts them in a
@@ -17,17 +18,20 @@ chain that holds that library's object, where it would refuse a derived quantity
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass
+from typing import Any
 
 from lightning_resumable.errors import UnsupportedLoaderError
 
 __all__ = [
     "LIBRARIES",
     "Library",
-    "is_litdata",
+    "is_of",
     "library_of",
     "refuse_unsupported",
     "required_state_dict_arguments",
+    "set_mosaic_environment",
 ]
 
 
@@ -61,11 +65,9 @@ _TODAY = {
         " ParallelStreamingDataset are not resumed yet)"
     ),
     "MosaicML Streaming": (
-        "lightning-resumable does not resume MosaicML Streaming yet: its StreamingDataset keeps its position"
-        " in its own StreamingDataLoader, whose state_dict hands the dataset the loader's counts. Until it"
-        " does, train with its StreamingDataLoader under plain Lightning (a LightningDataModule that is not a"
-        " ResumableDataModule, and no ResumableDataCallback): it resumes its sample position itself, but"
-        " per-sample augmentations are not restored and no resume is verified"
+        "Its StreamingDataset keeps its position in its own StreamingDataLoader, whose state_dict hands the"
+        " dataset the loader's counts: return Mosaic's StreamingDataLoader (or a torch DataLoader) over a"
+        " StreamingDataset itself, which this library resumes exactly"
     ),
 }
 
@@ -76,9 +78,27 @@ def library_of(node: object) -> Library | None:
     return next((library for library in LIBRARIES if library.package == package), None)
 
 
-def is_litdata(node: object, name: str) -> bool:
-    """Whether ``node`` is of LitData's class ``name`` (``StreamingDataLoader``, ``StreamingDataset``)."""
-    return any(cls.__name__ == name and cls.__module__.partition(".")[0] == "litdata" for cls in type(node).__mro__)
+def is_of(node: object, package: str, name: str) -> bool:
+    """Whether ``node`` is of class ``name`` (``StreamingDataLoader``, ``StreamingDataset``) from ``package``
+    (``litdata``, ``streaming``), or of a subclass of it."""
+    return any(cls.__name__ == name and cls.__module__.partition(".")[0] == package for cls in type(node).__mro__)
+
+
+def set_mosaic_environment(trainer: Any) -> None:
+    """Set the environment MosaicML Streaming reads its world from (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``) to ``trainer``'s (a ``lightning.Trainer``).
+
+    Lightning's own launcher sets only some of them, and a ``StreamingDataset`` built without them
+    reads rank 0's samples on every rank. Call it in the DataModule's ``setup()``, before the dataset is
+    built; ``torchrun`` sets them already (calling it then changes nothing).
+    """
+    os.environ.update(
+        RANK=str(trainer.global_rank),
+        WORLD_SIZE=str(trainer.world_size),
+        LOCAL_RANK=str(trainer.local_rank),
+        LOCAL_WORLD_SIZE=str(trainer.num_devices),
+        NODE_RANK=str(trainer.node_rank),
+    )
 
 
 def required_state_dict_arguments(node: object) -> list[str]:

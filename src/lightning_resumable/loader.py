@@ -11,8 +11,9 @@ rather than silently resumed wrong. ``DataLoader`` subclasses are built again by
 re-instantiation (see `lightning_resumable._lightning.reinstantiate_loader`).
 A dataset with its own ``state_dict``/``load_state_dict`` is kept; the callback persists its state.
 A loader over an iterable dataset with state becomes a
-`StreamLoader` (`make_stream_resumable`; see `lightning_resumable.streams`), and LitData's
-``StreamingDataLoader`` a `lightning_resumable._litdata.LitDataLoader`.
+`StreamLoader` (`make_stream_resumable`; see `lightning_resumable.streams`), LitData's
+``StreamingDataLoader`` a `lightning_resumable._litdata.LitDataLoader`, and MosaicML Streaming's a
+`lightning_resumable._mosaic.MosaicLoader`.
 
 A ``StatefulDataLoader`` is rebuilt as a plain ``DataLoader``: the callback owns the position, so
 torchdata's own snapshots would be a second owner (the double count of Accelerate #3938) and cost
@@ -50,7 +51,7 @@ from lightning_resumable.draws import (
     WeightedDraws,
 )
 from lightning_resumable.errors import UnsupportedLoaderError
-from lightning_resumable.libraries import is_litdata, refuse_unsupported
+from lightning_resumable.libraries import is_of, refuse_unsupported
 from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.streams import SeededStream, StreamLoader
@@ -109,14 +110,22 @@ def make_resumable(
     Raises:
         UnsupportedLoaderError: the loader cannot be made exactly resumable; the message says why.
     """
-    if getattr(type(loader), "reader", None) == "litdata":
+    if getattr(type(loader), "reader", None) in ("litdata", "mosaic"):
         return loader  # type: ignore[return-value]  # built by this function already
     torch_loader = type(loader) in (DataLoader, StatefulDataLoader)
-    over_litdata = torch_loader and is_litdata(getattr(loader, "dataset", None), "StreamingDataset")
-    if is_litdata(loader, "StreamingDataLoader") or over_litdata:  # read through LitData's own loader
+    dataset = getattr(loader, "dataset", None)
+    if is_of(loader, "litdata", "StreamingDataLoader") or (
+        torch_loader and is_of(dataset, "litdata", "StreamingDataset")
+    ):
         from lightning_resumable._litdata import make_litdata_resumable  # imports litdata: only when used
 
         return make_litdata_resumable(loader, seed=seed, epoch_source=epoch_source)
+    if is_of(loader, "streaming", "StreamingDataLoader") or (
+        torch_loader and is_of(dataset, "streaming", "StreamingDataset")
+    ):
+        from lightning_resumable._mosaic import make_mosaic_resumable  # imports streaming: only when used
+
+        return make_mosaic_resumable(loader, seed=seed, epoch_source=epoch_source, rank=rank, world_size=num_replicas)
     refuse_unsupported(pipeline(loader))  # a data library's own loader or dataset, named as such
     if not isinstance(loader, DataLoader):
         raise UnsupportedLoaderError(

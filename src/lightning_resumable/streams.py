@@ -166,7 +166,7 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
     """
 
     reader = "torchdata"
-    """What reads the stream, as the checkpoint records it (`lightning_resumable._litdata` reads LitData's)."""
+    """What reads the stream, as the checkpoint records it (LitData's and Mosaic's have their own)."""
     state_dict = None
     load_state_dict = None
 
@@ -255,20 +255,26 @@ def state_for_rank(
         StateFormatError: a rank's state is not a loader state of that number of workers.
     """
     installed = torchdata_version() if torchdata is None else torchdata
-    torchdata_state = saved.reader == "torchdata"  # else LitData's loader's: its own checks
+    torchdata_state = saved.reader == "torchdata"  # else a data library's loader's: its own checks
+    library = {"litdata": "LitData", "mosaic": "MosaicML Streaming"}.get(saved.reader, saved.reader)
     if torchdata_state and saved.torchdata and torchdata_release(installed) < torchdata_release(saved.torchdata):
         raise IncompatibleStateError(
             f"the checkpoint's stream state was written with torchdata {saved.torchdata} and resumes with"
             f" torchdata {installed}: an older torchdata cannot read a newer one's StatefulDataLoader state."
             f" Install torchdata>={saved.torchdata}"
         )
-    if not torchdata_state and (world_size, num_workers) != (saved.world_size, saved.num_workers):
+    # Mosaic's order is the same for any number of workers (its global count is partitioned again).
+    workers_differ = num_workers != saved.num_workers and saved.reader != "mosaic"
+    if not torchdata_state and (world_size != saved.world_size or workers_differ):
         raise WorldSizeChangedError(
-            f"the checkpoint's LitData state was written on {saved.world_size} processes with num_workers="
-            f"{saved.num_workers} and resumes on {world_size} with num_workers={num_workers}: LitData restripes"
-            " its stream on another layout itself, but this release does not resume LitData elastically yet."
-            f" Resume on {saved.world_size} processes with num_workers={saved.num_workers}"
+            f"the checkpoint's {library} state was written on {saved.world_size} processes with num_workers="
+            f"{saved.num_workers} and resumes on {world_size} with num_workers={num_workers}: {library} restripes"
+            f" its stream on another layout itself, but this release does not resume {library} elastically yet."
+            f" Resume on {saved.world_size} processes"
+            + ("" if saved.reader == "mosaic" else f" with num_workers={saved.num_workers}")
         )
+    if not torchdata_state:
+        return saved.ranks[rank]
     if world_size != saved.world_size and not saved.global_position:
         raise WorldSizeChangedError(
             f"the checkpoint's stream state was written on {saved.world_size} processes and resumes on {world_size}:"
@@ -282,6 +288,6 @@ def state_for_rank(
             f" resumes with num_workers={num_workers}: each worker reads its own slice of the stream, so the"
             f" saved worker states mean other data. Resume with num_workers={saved.num_workers}"
         )
-    for each, state in enumerate(saved.ranks if torchdata_state else ()):  # every rank checks them all
+    for each, state in enumerate(saved.ranks):  # every rank checks them all
         check_loader_state(state, saved.num_workers, each)
     return saved.ranks[rank if world_size == saved.world_size else 0]

@@ -63,6 +63,7 @@ class Scenario:
     ``data`` is ``map`` (one map-style loader), ``stream`` (``train.ShardedStream``, a user's stateful
     stream), ``hf`` (a Hugging Face ``datasets.IterableDataset``), ``litdata`` (LitData's
     ``StreamingDataLoader`` over a ``StreamingDataset``; `train.write_litdata` writes its chunks),
+    ``mosaic`` (the same with MosaicML Streaming; `train.write_mosaic` writes its shards),
     ``combined`` (a ``CombinedLoader`` of two map-style loaders of different lengths in ``mode``) or
     ``dict`` (the same two loaders as a plain dict, which Lightning combines in ``max_size_cycle``
     mode). ``resume_num_workers`` resumes with another number of workers. ``stop_batch_override``
@@ -101,7 +102,7 @@ class Scenario:
     @property
     def batches_per_epoch(self) -> int:
         """Batches each rank trains per epoch, as DistributedSampler and DataLoader count them."""
-        if self.data in ("stream", "hf", "litdata"):
+        if self.data in ("stream", "hf", "litdata", "mosaic"):
             return STREAM_SIZE // self.world_size // self.batch_size  # the shards divide evenly
         if self.data in ("combined", "dict"):
             lengths = [math.ceil(math.ceil(size / self.world_size) / self.batch_size) for size in COMBINED_SIZES]

@@ -36,7 +36,12 @@ def run(rank: int, out: Path, num_workers: int, port: int) -> None:
 def train(rank: int, out: Path, num_workers: int, phase: str) -> None:
     data = list(range(22))
     sampler = ResumableSampler(data, num_replicas=2, rank=rank, seed=5, batch_size=3)
-    loader = StatefulDataLoader(data, batch_size=3, sampler=sampler, num_workers=num_workers)
+    # Forked workers, as torch forks them in a process it did not spawn: under mp.spawn torch spawns
+    # them too, which re-imports torch in each (3 s a worker here, 56 s for this test).
+    context = "fork" if num_workers else None
+    loader = StatefulDataLoader(
+        data, batch_size=3, sampler=sampler, num_workers=num_workers, multiprocessing_context=context
+    )
     state_path = out / f"state.rank{rank}.pt"
     epochs = range(EPOCHS)
     if phase == "stop":

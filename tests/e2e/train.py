@@ -17,12 +17,15 @@ ends the process at once with ``os._exit`` (no cleanup, no exception handling, l
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
+import re
 import sys
 import threading
 import time
+import types
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
@@ -175,6 +178,83 @@ def litdata_stream(directory: Path) -> Any:
             return augmented(int(super().__getitem__(index)["id"]))
 
     return Augmented(str(directory), shuffle=True, seed=7)
+
+
+def import_streaming() -> Any:
+    """MosaicML Streaming, imported in the CPU test environment, which has no torchvision.
+
+    ``import streaming`` imports ``streaming.vision``, which imports three names from torchvision. PyPI's
+    torchvision pulls a CUDA build of torch and fails to import beside the CPU build, so CI's extras
+    step installs Mosaic without it (``.ci/extras``). Where torchvision is missing, stand-ins for those
+    names are put in ``sys.modules`` for the import only and taken out again: other packages
+    (torchmetrics, which Lightning imports) look for torchvision and must not find them. These tests
+    decode no image; using a stand-in raises.
+    """
+    if "streaming" in sys.modules or importlib.util.find_spec("torchvision") is not None:
+        import streaming
+
+        return streaming
+
+    def unavailable(*args: object, **kwargs: object) -> Any:
+        raise RuntimeError("torchvision is a test stand-in here: install torchvision to decode images")
+
+    names = ("torchvision", "torchvision.datasets", "torchvision.transforms", "torchvision.transforms.functional")
+    stand_ins = {name: types.ModuleType(name) for name in names}
+    stand_ins["torchvision.datasets"].VisionDataset = type("VisionDataset", (), {"__init__": unavailable})  # type: ignore[attr-defined]
+    stand_ins["torchvision.datasets"].CIFAR10 = unavailable  # type: ignore[attr-defined]
+    stand_ins["torchvision.transforms.functional"].to_tensor = unavailable  # type: ignore[attr-defined]
+    sys.modules.update(stand_ins)
+    try:
+        import streaming
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
+    return streaming
+
+
+def clean_mosaic_memory() -> None:
+    """Remove every shared-memory block and lock file MosaicML Streaming left on this machine, at the start
+    of a test session that uses it, before any of its datasets exists.
+
+    A run that ends without Mosaic's exit handlers (a stopped or killed run, as a crash) leaves them,
+    and Mosaic's own ``clean_stale_shared_memory`` stops at the first free prefix: the blocks left
+    past a gap made a later dataset fail with ``FileExistsError`` (seen here).
+    """
+    import tempfile
+
+    names = re.compile(
+        r"^\d{6}_(locals|barrier|next_epoch|cache_usage|shard_states|shard_access_times|resume|epoch_\w+)$"
+    )
+    locks = re.compile(r"^\d{6}_(barrier|cache)_filelock$")
+    for directory, pattern in ((Path("/dev/shm"), names), (Path(tempfile.gettempdir()), locks)):
+        for path in directory.glob("[0-9]*_*") if directory.is_dir() else ():
+            if pattern.match(path.name):
+                path.unlink(missing_ok=True)
+
+
+MOSAIC_DIR = "mosaic-shards"
+"""Where a runner's MosaicML Streaming scenarios read their shards: beside its run directories (`write_mosaic`)."""
+
+
+def write_mosaic(directory: Path, size: int) -> None:
+    """Write ids ``0..size-1`` as MosaicML Streaming MDS shards of 6 samples (8 shards for 48), with ``MDSWriter``."""
+    with import_streaming().MDSWriter(out=str(directory), columns={"id": "int"}, size_limit=6 * 20) as writer:
+        for sample_id in range(size):
+            writer.write({"id": sample_id})
+    written = json.loads((directory / "index.json").read_text())["shards"]
+    if sum(shard["samples"] for shard in written) != size:
+        raise RuntimeError(f"MDSWriter wrote {written!r:.300} to {directory}, not {size} samples")
+
+
+def mosaic_stream(directory: Path, batch_size: int) -> Any:
+    """A MosaicML Streaming ``StreamingDataset`` over the shards in ``directory``, shuffled, each sample
+    augmented in ``__getitem__`` (Mosaic's documented way to transform), as a user's subclass does."""
+
+    class Augmented(import_streaming().StreamingDataset):  # type: ignore[misc]  # streaming is untyped
+        def __getitem__(self, index: Any) -> Any:
+            return augmented(int(super().__getitem__(index)["id"]))
+
+    return Augmented(local=str(directory), shuffle=True, shuffle_seed=7, batch_size=batch_size)
 
 
 def hf_collate(rows: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -370,6 +450,16 @@ class PlainData(L.LightningDataModule):
         data = self.config.get("data", "map")
         if data in ("stream", "hf"):
             return self.stream_loader(data)
+        if data == "mosaic":
+            from lightning_resumable import set_mosaic_environment
+
+            set_mosaic_environment(self.trainer)  # Lightning's launcher sets neither RANK nor LOCAL_WORLD_SIZE
+            batch_size = self.config["batch_size"]
+            self.train_set = mosaic_stream(Path(self.config["out_dir"]).parent / MOSAIC_DIR, batch_size)
+            loader_type = (
+                import_streaming().StreamingDataLoader if self.config["loader"] != "DataLoader" else DataLoader
+            )
+            return loader_type(self.train_set, batch_size=batch_size, num_workers=self.config["num_workers"])
         if data == "litdata":
             from litdata import StreamingDataLoader
 

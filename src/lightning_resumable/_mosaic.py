@@ -1,0 +1,221 @@
+"""MosaicML Streaming (``streaming``): the one module that imports it, imported only when a train loader holds it.
+
+Promise: `make_mosaic_resumable` turns the user's Mosaic ``StreamingDataLoader`` (or torch
+``DataLoader``) over a ``StreamingDataset`` into a `MosaicLoader`, every setting kept, which a
+`StreamOwner` owns:
+
+- its state is Mosaic's own (as ``StreamingDataset.state_dict`` makes it: the epoch, the samples all
+  ranks have consumed in it, the shuffle's seed and canonical nodes), computed from the trainer's
+  count of completed batches, not from what the loader has read (Lightning reads one batch ahead),
+  and handed to the dataset (``load_state_dict``) before each pass's workers start;
+- Mosaic's epoch is the trainer's: Mosaic counts its passes in memory shared by the node's processes,
+  and a pass Lightning starts again would be counted as the next epoch;
+- each sample is read under a seed keyed by the run's seed, the epoch and the sample's index in the
+  dataset, so augmentations drawn from the global generators are the same after a resume.
+
+Mosaic reads its world from the environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``) when the
+dataset is built. Lightning's own launcher sets none of them but ``WORLD_SIZE``, so every rank would
+read rank 0's samples: the world the dataset saw is compared with the trainer's and a difference is
+refused (`set_mosaic_environment` sets them; ``torchrun`` does too).
+
+Private Mosaic API and behaviour, tested against the version CI installs
+(``tests/test_mosaic_internals.py``, ``tests/e2e/test_mosaic.py``): ``StreamingDataset._unique_rank_world``
+(the world the dataset saw); the defaults its first pass settles (`order_of`); and a pass reading its
+epoch and position from what ``load_state_dict`` and ``next_epoch`` put in shared memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from streaming import StreamingDataLoader, StreamingDataset
+
+from lightning_resumable import randomness
+from lightning_resumable._keys import stream_key, stream_sample_seed
+from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.recording import PassRecord
+from lightning_resumable.workers import forking, leave_sigterm_to_rank, retire_ended, warn_once_on_affected_python
+
+__all__ = ["MosaicLoader", "make_mosaic_resumable"]
+
+_EPOCH = "_lightning_resumable_epoch"
+"""The dataset's attribute holding the pass's epoch, set before its workers copy it."""
+
+
+def _seed_samples(dataset: StreamingDataset, seed: int) -> None:
+    """Make ``dataset`` read each sample under its own seed, keyed by (seed, epoch, the sample's index):
+    its class becomes a subclass of its own whose ``__getitem__`` wraps the user's."""
+    base = type(dataset)
+
+    def __getitem__(self: Any, index: int) -> Any:  # the dunder of the subclass
+        try:  # without workers, `MosaicLoader` puts the main process's generators back after each batch
+            randomness.begin_sample(
+                stream_sample_seed(stream_key(seed, getattr(self, _EPOCH, 0), 0, 0), int(index)), True
+            )
+            return base.__getitem__(self, index)
+        finally:
+            randomness.end_sample()
+
+    def __reduce__(self: Any) -> tuple[Any, ...]:  # a spawned worker gets the user's class, seeded again
+        plain = object.__new__(base)
+        plain.__dict__.update(self.__dict__)
+        return _seeded, (plain, seed)
+
+    members = {"__getitem__": __getitem__, "__reduce__": __reduce__, "__module__": __name__}
+    dataset.__class__ = type(base.__name__, (base,), members)
+
+
+def _seeded(dataset: StreamingDataset, seed: int) -> StreamingDataset:
+    _seed_samples(dataset, seed)
+    return dataset
+
+
+class MosaicLoader(StreamingDataLoader):  # type: ignore[misc]  # streaming is untyped
+    """Mosaic's ``StreamingDataLoader``, whose state the callback computes at the trainer's count of batches."""
+
+    reader = "mosaic"
+    state_dict = None  # hidden from Lightning: use state_after and resume_from
+    load_state_dict = None
+
+    def __init__(
+        self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, world_size: int = 1, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch_source, self.world_size = epoch_source, world_size
+        self.record = PassRecord("Mosaic's loader", state=None)
+        self.inexact = False
+        self.epoch = 0
+        self._next_epoch: int | None = None  # the epoch of the next pass, when not the trainer's (yet)
+        self._resume: dict[str, Any] | None = None  # Mosaic's state the next pass continues
+        self._order = order_of(self.dataset)  # Mosaic's state but the position: a resume takes the saved one
+
+    def __iter__(self) -> Iterator[Any]:
+        dataset = self.dataset
+        self.epoch = self.epoch_source() if self._next_epoch is None else self._next_epoch
+        self._next_epoch = None
+        resume, self._resume = self._resume, None
+        setattr(dataset, _EPOCH, self.epoch)  # before the workers copy the dataset
+        # Mosaic's pass reads its epoch and position from the node's shared memory: both are set
+        # here, for every pass, as the same values on every rank.
+        state = resume or {**self._order, "epoch": self.epoch, "sample_in_epoch": 0}
+        dataset.next_epoch = self.epoch
+        StreamingDataset.load_state_dict(dataset, state)
+        warn_once_on_affected_python(self)
+        leave_sigterm_to_rank(self)
+        # Without workers the samples (and their seeds) are read in this process, in next().
+        return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0)
+
+    def _get_iterator(self) -> Any:
+        """torch's iterator, which forks the workers, made as the library's loaders make theirs
+        (`lightning_resumable.workers.forking`): Mosaic's loader makes one each pass."""
+        with forking(super()._get_iterator) as iterator:
+            pass
+        return iterator
+
+    @property
+    def first_batch(self) -> tuple[str, str] | None:
+        """(expected, read) digests of the first batch after a restore, once read."""
+        return self.record.first_batch
+
+    def state_after(self, batches: int) -> dict[str, Any]:
+        """Mosaic's state after ``batches`` batches of the current epoch on every rank: the same on all."""
+        if self._resume is not None:  # restored, and not iterated yet
+            return dict(self._resume)
+        return {**self._order, "epoch": self.epoch, "sample_in_epoch": batches * int(self.batch_size) * self.world_size}
+
+    def finished_after(self, batches: int) -> bool:
+        """Whether the epoch had run out after ``batches`` batches."""
+        return self.record.finished_after(batches)
+
+    def next_batch_digest(self, batches: int) -> str:
+        """The digest of batch ``batches`` of the epoch, if it has been read (Lightning reads ahead)."""
+        return self.record.next_batch_digest(batches)
+
+    def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
+        """Continue the next pass from Mosaic's ``state``, ``batches`` batches into the epoch."""
+        self._resume = dict(state)
+        self._order = {key: state[key] for key in self._order}
+        self._next_epoch = int(state["epoch"])
+        self.record.resume(batches, next_batch=next_batch)
+
+    def start_epoch(self, epoch: int) -> None:
+        """Make the next pass a fresh one of ``epoch`` (a resume after an epoch's last batch)."""
+        self._next_epoch = epoch
+
+    def retire_workers(self) -> None:
+        """At the end of a fit: every retired pass's workers and threads have ended (Mosaic's loader
+        keeps no iterator across passes)."""
+        retire_ended()
+
+
+def seen_world(dataset: StreamingDataset) -> tuple[int, int, int]:
+    """(rank, ranks, nodes) that Mosaic read from the environment when ``dataset`` was built."""
+    world = dataset._unique_rank_world
+    return int(world.rank), int(world.num_ranks), int(world.num_nodes)
+
+
+def order_of(dataset: StreamingDataset) -> dict[str, Any]:
+    """The parts of Mosaic's state that fix its order, as its first pass settles them (``_resume``):
+    computed here, not read from the node's shared memory, which another rank may be writing."""
+    nodes = seen_world(dataset)[2]
+    canonical = dataset.num_canonical_nodes or (64 * nodes if dataset.shuffle_algo in ("py1s", "py2s") else nodes)
+    return {
+        "num_canonical_nodes": int(canonical),
+        "shuffle_seed": int(dataset.shuffle_seed),
+        "initial_physical_nodes": int(dataset.initial_physical_nodes or nodes),
+    }
+
+
+def make_mosaic_resumable(
+    loader: Any, *, seed: int, epoch_source: Callable[[], int], rank: int, world_size: int
+) -> MosaicLoader:
+    """``loader`` (Mosaic's ``StreamingDataLoader``, or a torch ``DataLoader`` or ``StatefulDataLoader``,
+    over a ``StreamingDataset``) as a `MosaicLoader` on ``rank`` of ``world_size``.
+
+    Raises:
+        UnsupportedLoaderError: the dataset is not a ``StreamingDataset``; it saw another world than the
+            trainer's; its ``batch_size`` is not the loader's; or the loader has persistent workers.
+    """
+    dataset = loader.dataset
+    if not isinstance(dataset, StreamingDataset):
+        raise UnsupportedLoaderError(
+            f"MosaicML Streaming's StreamingDataLoader over a {type(dataset).__name__} is not resumed; over a"
+            " StreamingDataset it is"
+        )
+    seen = seen_world(dataset)
+    if seen[:2] != (rank, world_size):
+        raise UnsupportedLoaderError(
+            f"MosaicML Streaming's StreamingDataset was built as rank {seen[0]} of {seen[1]} (it reads RANK,"
+            f" WORLD_SIZE and LOCAL_WORLD_SIZE from the environment), and this is rank {rank} of {world_size}:"
+            " every rank would read another rank's samples. Lightning's launcher does not set RANK nor"
+            " LOCAL_WORLD_SIZE: call lightning_resumable.set_mosaic_environment(self.trainer) in the"
+            " DataModule's setup() before building the dataset, or launch with torchrun"
+        )
+    if dataset.batch_size != loader.batch_size:
+        raise UnsupportedLoaderError(
+            f"MosaicML Streaming's StreamingDataset(batch_size={dataset.batch_size}) under a loader of"
+            f" batch_size={loader.batch_size}: Mosaic partitions each epoch by the dataset's batch size, so"
+            f" a resume is exact only when both are the same; pass batch_size={loader.batch_size} to the dataset"
+        )
+    if loader.num_workers > 0 and loader.persistent_workers:
+        raise UnsupportedLoaderError(
+            "MosaicML Streaming's loader with persistent_workers=True; pass persistent_workers=False"
+        )
+    _seed_samples(dataset, seed)
+    extra: dict[str, Any] = {}
+    if loader.num_workers > 0:
+        extra = {"prefetch_factor": loader.prefetch_factor, "multiprocessing_context": loader.multiprocessing_context}
+    return MosaicLoader(
+        dataset,
+        batch_size=loader.batch_size,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        epoch_source=epoch_source,
+        world_size=world_size,
+        **extra,
+    )

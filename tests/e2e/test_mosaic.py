@@ -1,0 +1,68 @@
+"""End to end (2 DDP processes): MosaicML Streaming, which users stream with. Runs where ``streaming``
+is installed (CI's extras step, with a stand-in for torchvision: `train.import_streaming`); skipped
+elsewhere.
+
+Every run builds the dataset after `lightning_resumable.set_mosaic_environment` (Lightning's launcher
+sets neither ``RANK`` nor ``LOCAL_WORLD_SIZE``, which Mosaic reads). A control shows what plain
+Lightning does with Mosaic's own ``StreamingDataLoader`` (its state saved and restored by Lightning);
+under the two lines, the same loader resumes exactly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from . import train
+from .harness import Runner, Scenario
+
+if importlib.util.find_spec("streaming") is None:
+    pytest.skip("MosaicML Streaming is not installed", allow_module_level=True)
+
+PLAIN = Scenario(world_size=2, num_workers=2, loader="StreamingDataLoader", data="mosaic", resumable=False)
+
+
+@pytest.fixture(scope="module")
+def mosaic_runner(runner: Runner) -> Runner:
+    """The session's runner, with the shards its Mosaic scenarios read written once."""
+    train.clean_mosaic_memory()  # left by runs that ended without Mosaic's cleanup (a stopped run leaves its own)
+    shards = runner.root / train.MOSAIC_DIR
+    if not (shards / "index.json").exists():
+        train.write_mosaic(shards, 48)
+    return runner
+
+
+def ids(steps: list[dict[str, Any]]) -> list[Any]:
+    return [step["ids"] for step in steps]
+
+
+def test_control_plain_lightning_with_mosaics_loader_resumes_ids_but_not_augmentations(mosaic_runner: Runner) -> None:
+    """Mosaic resumes its own position in the interrupted epoch (Lightning saves its loader's state on
+    rank 0, a global sample count), but the augmentations, drawn from the global generators, differ
+    from the first resumed step."""
+    outcome = mosaic_runner.run(PLAIN)
+    epoch, stop = PLAIN.stop_epoch, PLAIN.stop_batch
+    for rank, resumed in outcome.resumed.items():
+        uninterrupted = [s for s in outcome.full[rank] if s["epoch"] == epoch and s["batch"] > stop]
+        interrupted = [s for s in resumed if s["epoch"] == epoch]
+        assert ids(interrupted) == ids(uninterrupted), f"rank {rank}: Mosaic's position is exact"
+        assert interrupted[0]["aug"] != uninterrupted[0]["aug"], f"rank {rank}: augmentations are not"
+
+
+EXACT = [replace(PLAIN, resumable=True, num_workers=workers) for workers in (0, 2)]
+# A torch DataLoader over Mosaic's dataset crashed (its state_dict takes the loader's counts); it is
+# read through Mosaic's loader.
+EXACT.append(replace(EXACT[1], loader="DataLoader"))
+
+
+@pytest.mark.parametrize("scenario", EXACT, ids=lambda scenario: scenario.label())
+def test_mosaics_loader_resumes_exactly(mosaic_runner: Runner, scenario: Scenario) -> None:
+    """Under the two lines, Mosaic's StreamingDataLoader (or a torch DataLoader over its dataset)
+    resumes each rank's ids, augmentations and loss bits at every step, and every epoch is whole."""
+    outcome = mosaic_runner.run(scenario)
+    assert outcome.stream_mismatches() == []
+    for rank, steps in outcome.full.items():
+        assert len(steps) == scenario.batches_per_epoch * scenario.epochs, f"rank {rank}"

@@ -1,0 +1,128 @@
+"""`lightning_resumable._mosaic` against the installed MosaicML Streaming (CI's extras step; skipped
+without it): the state at the trainer's count is Mosaic's own and resumes the epoch on any number of
+workers, the next epoch is fresh, the private names the module reads are there, and a dataset that
+Mosaic built for another world, or partitions by another batch size, is refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+from torch.utils.data import DataLoader
+
+from lightning_resumable import set_mosaic_environment
+from lightning_resumable.errors import UnsupportedLoaderError, WorldSizeChangedError
+from lightning_resumable.format import StreamState
+from lightning_resumable.loader import make_resumable
+from lightning_resumable.streams import state_for_rank
+
+from .e2e import train
+
+if importlib.util.find_spec("streaming") is None:
+    pytest.skip("MosaicML Streaming is not installed", allow_module_level=True)
+
+streaming = train.import_streaming()
+
+from lightning_resumable._mosaic import MosaicLoader, make_mosaic_resumable, order_of, seen_world  # noqa: E402
+
+BATCHES = 12  # 48 samples in batches of 4, one process
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    train.clean_mosaic_memory()  # left by runs that ended without Mosaic's cleanup
+    directory = tmp_path_factory.mktemp("mosaic") / "shards"
+    train.write_mosaic(directory, 48)
+    return directory
+
+
+def loader(shards: Path, num_workers: int, epoch: list[int]) -> MosaicLoader:
+    user = streaming.StreamingDataLoader(train.mosaic_stream(shards, 4), batch_size=4, num_workers=num_workers)
+    return make_mosaic_resumable(user, seed=3, epoch_source=lambda: epoch[0], rank=0, world_size=1)
+
+
+def pass_of(batches: Any, count: int = BATCHES) -> list[list[Any]]:
+    """``count`` batches of a pass, as ids and augmentations, left unexhausted as Lightning leaves it."""
+    return [[batch[0].tolist(), batch[1].tolist()] for batch in itertools.islice(batches, count)]
+
+
+@pytest.mark.parametrize(("workers", "resume_workers"), [(0, 0), (2, 2), (2, 0)])
+def test_a_resume_at_the_trainers_count_continues_the_epoch_and_the_next_one_is_fresh(
+    shards: Path, workers: int, resume_workers: int
+) -> None:
+    epoch = [0]
+    full = loader(shards, workers, epoch)
+    expected = []
+    for epoch[0] in range(3):
+        expected.append(pass_of(iter(full)))
+    assert expected[0] != expected[1], "each epoch is shuffled anew"
+    stopped = loader(shards, workers, epoch)
+    epoch[0] = 0
+    pass_of(iter(stopped))
+    epoch[0] = 1
+    seen = pass_of(iter(stopped), 4)  # 3 trained, the 4th read ahead by Lightning
+    state, digest = stopped.state_after(3), stopped.next_batch_digest(3)
+    assert state["epoch"] == 1 and state["sample_in_epoch"] == 12  # Mosaic's own keys: the 3 trained batches
+    resumed = loader(shards, resume_workers, epoch)
+    resumed.resume_from(state, 3, digest)
+    assert resumed.state_after(3) == state
+    assert seen[:3] + pass_of(iter(resumed), BATCHES - 3) == expected[1]
+    assert resumed.first_batch == (digest, digest)
+    epoch[0] = 2
+    assert pass_of(iter(resumed)) == expected[2]
+
+
+def test_the_order_computed_is_what_mosaics_first_pass_settles(shards: Path) -> None:
+    dataset = train.mosaic_stream(shards, 4)
+    assert seen_world(dataset) == (0, 1, 1)
+    computed = order_of(dataset)
+    next(iter(streaming.StreamingDataLoader(dataset, batch_size=4)))
+    settled = streaming.StreamingDataset.state_dict(dataset, 0, True)
+    assert computed == {key: settled[key] for key in computed}
+
+
+def test_a_torch_dataloader_over_mosaics_dataset_is_read_through_mosaics_loader(shards: Path) -> None:
+    user = DataLoader(train.mosaic_stream(shards, 4), batch_size=4, num_workers=0)
+    made = make_resumable(user, seed=3, num_replicas=1, rank=0)
+    assert isinstance(made, MosaicLoader) and made.batch_size == 4
+    assert make_resumable(made, seed=3, num_replicas=1, rank=0) is made
+
+
+def test_a_dataset_built_for_another_world_or_batch_size_is_refused(shards: Path) -> None:
+    user = streaming.StreamingDataLoader(train.mosaic_stream(shards, 4), batch_size=4)
+    with pytest.raises(
+        UnsupportedLoaderError, match=r"built as rank 0 of 1 .* this is rank 1 of 2.*set_mosaic_environment"
+    ):
+        make_mosaic_resumable(user, seed=3, epoch_source=lambda: 0, rank=1, world_size=2)
+    other = streaming.StreamingDataLoader(train.mosaic_stream(shards, 4), batch_size=8)
+    with pytest.raises(
+        UnsupportedLoaderError, match=r"StreamingDataset\(batch_size=4\) under a loader of batch_size=8"
+    ):
+        make_mosaic_resumable(other, seed=3, epoch_source=lambda: 0, rank=0, world_size=1)
+    persistent = streaming.StreamingDataLoader(
+        train.mosaic_stream(shards, 4), batch_size=4, num_workers=1, persistent_workers=True
+    )
+    with pytest.raises(UnsupportedLoaderError, match="persistent_workers=True"):
+        make_mosaic_resumable(persistent, seed=3, epoch_source=lambda: 0, rank=0, world_size=1)
+
+
+def test_set_mosaic_environment_gives_mosaic_the_trainers_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+    class Trainer:
+        global_rank, world_size, local_rank, num_devices, node_rank = 3, 4, 1, 2, 1
+
+    set_mosaic_environment(Trainer())
+    world = streaming.base.world.World.detect()
+    assert (world.rank, world.num_ranks, world.ranks_per_node, world.num_nodes) == (3, 4, 2, 2)
+
+
+def test_another_world_size_is_refused_for_mosaic_and_another_worker_count_is_not() -> None:
+    saved = StreamState(1, 0, 3, 2, 2, True, False, [{"epoch": 0}, {"epoch": 0}], reader="mosaic")
+    with pytest.raises(WorldSizeChangedError, match="does not resume MosaicML Streaming elastically yet"):
+        state_for_rank(saved, 0, 1, 2)
+    assert state_for_rank(saved, 1, 2, 0) == {"epoch": 0}
