@@ -40,7 +40,10 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def loader(shards: Path, num_workers: int, epoch: list[int]) -> MosaicLoader:
-    user = streaming.StreamingDataLoader(train.mosaic_stream(shards, 4), batch_size=4, num_workers=num_workers)
+    context = {"multiprocessing_context": "fork"} if num_workers else {}  # litdata.optimize, if run before, sets spawn
+    user = streaming.StreamingDataLoader(
+        train.mosaic_stream(shards, 4), batch_size=4, num_workers=num_workers, **context
+    )
     return make_mosaic_resumable(user, seed=3, epoch_source=lambda: epoch[0], rank=0, world_size=1)
 
 

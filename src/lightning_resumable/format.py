@@ -242,9 +242,7 @@ class StreamState:
         if state.torchdata:
             torchdata_release(state.torchdata)
         if state.reader not in ("torchdata", "litdata", "mosaic"):
-            raise StateFormatError(
-                f"a stream state's reader must be torchdata, litdata or mosaic, got {state.reader!r:.100}"
-            )
+            raise StateFormatError(f"unknown stream reader {state.reader!r:.100} (torchdata, litdata, mosaic)")
         if state.next_batch is not None and (
             len(state.next_batch) != state.world_size
             or not all(digest == "" or _is_digest(digest) for digest in state.next_batch)

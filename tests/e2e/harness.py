@@ -124,7 +124,7 @@ class Scenario:
         """The scenario with everything that cannot change the uninterrupted stream normalised."""
         persistent = self.persistent_workers and self.num_workers > 0
         # The library reads a stream through its own loader, whichever class the user returned.
-        loader = "DataLoader" if self.data in ("stream", "hf") and self.resumable else self.loader
+        loader = "DataLoader" if self.data in ("stream", "hf", "mosaic") and self.resumable else self.loader
         return replace(
             self,
             loader=loader,

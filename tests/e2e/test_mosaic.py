@@ -56,6 +56,8 @@ EXACT = [replace(PLAIN, resumable=True, num_workers=workers) for workers in (0, 
 # A torch DataLoader over Mosaic's dataset crashed (its state_dict takes the loader's counts); it is
 # read through Mosaic's loader.
 EXACT.append(replace(EXACT[1], loader="DataLoader"))
+# Mosaic's order does not depend on the number of workers: 2 workers resume on none.
+EXACT.append(replace(EXACT[1], resume_num_workers=0))
 
 
 @pytest.mark.parametrize("scenario", EXACT, ids=lambda scenario: scenario.label())

@@ -459,7 +459,10 @@ class PlainData(L.LightningDataModule):
             loader_type = (
                 import_streaming().StreamingDataLoader if self.config["loader"] != "DataLoader" else DataLoader
             )
-            return loader_type(self.train_set, batch_size=batch_size, num_workers=self.config["num_workers"])
+            workers = self.config["num_workers"]
+            if self.config["phase"].startswith("resume") and self.config.get("resume_num_workers") is not None:
+                workers = self.config["resume_num_workers"]
+            return loader_type(self.train_set, batch_size=batch_size, num_workers=workers)
         if data == "litdata":
             from litdata import StreamingDataLoader
 
