@@ -29,42 +29,22 @@ from litdata import StreamingDataLoader, StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
 
 from lightning_resumable import randomness
-from lightning_resumable._keys import stream_key, stream_sample_seed
 from lightning_resumable.errors import UnsupportedLoaderError
-from lightning_resumable.recording import PassRecord
+from lightning_resumable.recording import PassRecord, RecordedLoader
 from lightning_resumable.workers import forking, leave_sigterm_to_rank, retire_ended, warn_once_on_affected_python
 
 __all__ = ["LitDataLoader", "make_litdata_resumable"]
 
 
-def _seed_samples(dataset: StreamingDataset, seed: int) -> None:
-    """Make ``dataset`` read each sample under its own seed, keyed by (seed, epoch, the sample's index):
-    its class becomes a subclass of its own whose ``__getitem__`` wraps the user's."""
-    base = type(dataset)
-
-    def __getitem__(self: Any, index: Any) -> Any:  # the dunder of the subclass
-        key = index.index if isinstance(index, ChunkedIndex) else int(index)
-        try:  # in the main process, `LitDataLoader` puts the global generators back after each batch
-            randomness.begin_sample(stream_sample_seed(stream_key(seed, self.current_epoch, 0, 0), key), True)
-            return base.__getitem__(self, index)
-        finally:
-            randomness.end_sample()
-
-    def __reduce__(self: Any) -> tuple[Any, ...]:  # a spawned worker gets the user's class, seeded again
-        plain = object.__new__(base)
-        plain.__dict__.update(self.__dict__)
-        return _seeded, (plain, seed)
-
-    members = {"__getitem__": __getitem__, "__reduce__": __reduce__, "__module__": __name__}
-    dataset.__class__ = type(base.__name__, (base,), members)
+def _epoch_of(dataset: StreamingDataset) -> int:
+    return int(dataset.current_epoch)
 
 
-def _seeded(dataset: StreamingDataset, seed: int) -> StreamingDataset:
-    _seed_samples(dataset, seed)
-    return dataset
+def _index_of(key: Any) -> int:
+    return int(key.index) if isinstance(key, ChunkedIndex) else int(key)
 
 
-class LitDataLoader(StreamingDataLoader):  # type: ignore[misc]  # litdata is untyped
+class LitDataLoader(RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  # litdata is untyped
     """LitData's ``StreamingDataLoader``, whose state the callback takes at the trainer's count of batches."""
 
     reader = "litdata"
@@ -100,23 +80,6 @@ class LitDataLoader(StreamingDataLoader):  # type: ignore[misc]  # litdata is un
 
     def _state(self) -> dict[str, Any]:
         return copy.deepcopy(StreamingDataLoader.state_dict(self))
-
-    @property
-    def first_batch(self) -> tuple[str, str] | None:
-        """(expected, read) digests of the first batch after a restore, once read."""
-        return self.record.first_batch
-
-    def state_after(self, batches: int) -> dict[str, Any]:
-        """LitData's loader state after ``batches`` batches of the current epoch."""
-        return self.record.state_after(batches)
-
-    def finished_after(self, batches: int) -> bool:
-        """Whether the epoch had run out after ``batches`` batches."""
-        return self.record.finished_after(batches)
-
-    def next_batch_digest(self, batches: int) -> str:
-        """The digest of batch ``batches`` of the epoch, if it has been read (Lightning reads ahead)."""
-        return self.record.next_batch_digest(batches)
 
     def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
         """Continue the next pass from LitData's ``state``, ``batches`` batches into the epoch."""
@@ -158,7 +121,7 @@ def make_litdata_resumable(loader: Any, *, seed: int, epoch_source: Callable[[],
         )
     if loader.num_workers > 0 and loader.persistent_workers:
         raise UnsupportedLoaderError("LitData's loader with persistent_workers=True; pass persistent_workers=False")
-    _seed_samples(dataset, seed)
+    randomness.seed_each_sample(dataset, seed, _epoch_of, _index_of)
     extra: dict[str, Any] = {}
     if loader.num_workers > 0:
         extra = {"prefetch_factor": loader.prefetch_factor, "multiprocessing_context": loader.multiprocessing_context}

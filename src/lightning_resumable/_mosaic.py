@@ -32,9 +32,8 @@ from typing import Any
 from streaming import StreamingDataLoader, StreamingDataset
 
 from lightning_resumable import randomness
-from lightning_resumable._keys import stream_key, stream_sample_seed
 from lightning_resumable.errors import UnsupportedLoaderError
-from lightning_resumable.recording import PassRecord
+from lightning_resumable.recording import PassRecord, RecordedLoader
 from lightning_resumable.workers import forking, leave_sigterm_to_rank, retire_ended, warn_once_on_affected_python
 
 __all__ = ["MosaicLoader", "make_mosaic_resumable"]
@@ -43,35 +42,11 @@ _EPOCH = "_lightning_resumable_epoch"
 """The dataset's attribute holding the pass's epoch, set before its workers copy it."""
 
 
-def _seed_samples(dataset: StreamingDataset, seed: int) -> None:
-    """Make ``dataset`` read each sample under its own seed, keyed by (seed, epoch, the sample's index):
-    its class becomes a subclass of its own whose ``__getitem__`` wraps the user's."""
-    base = type(dataset)
-
-    def __getitem__(self: Any, index: int) -> Any:  # the dunder of the subclass
-        try:  # without workers, `MosaicLoader` puts the main process's generators back after each batch
-            randomness.begin_sample(
-                stream_sample_seed(stream_key(seed, getattr(self, _EPOCH, 0), 0, 0), int(index)), True
-            )
-            return base.__getitem__(self, index)
-        finally:
-            randomness.end_sample()
-
-    def __reduce__(self: Any) -> tuple[Any, ...]:  # a spawned worker gets the user's class, seeded again
-        plain = object.__new__(base)
-        plain.__dict__.update(self.__dict__)
-        return _seeded, (plain, seed)
-
-    members = {"__getitem__": __getitem__, "__reduce__": __reduce__, "__module__": __name__}
-    dataset.__class__ = type(base.__name__, (base,), members)
+def _epoch_of(dataset: StreamingDataset) -> int:
+    return int(getattr(dataset, _EPOCH, 0))
 
 
-def _seeded(dataset: StreamingDataset, seed: int) -> StreamingDataset:
-    _seed_samples(dataset, seed)
-    return dataset
-
-
-class MosaicLoader(StreamingDataLoader):  # type: ignore[misc]  # streaming is untyped
+class MosaicLoader(RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  # streaming is untyped
     """Mosaic's ``StreamingDataLoader``, whose state the callback computes at the trainer's count of batches."""
 
     reader = "mosaic"
@@ -113,24 +88,11 @@ class MosaicLoader(StreamingDataLoader):  # type: ignore[misc]  # streaming is u
             pass
         return iterator
 
-    @property
-    def first_batch(self) -> tuple[str, str] | None:
-        """(expected, read) digests of the first batch after a restore, once read."""
-        return self.record.first_batch
-
     def state_after(self, batches: int) -> dict[str, Any]:
         """Mosaic's state after ``batches`` batches of the current epoch on every rank: the same on all."""
         if self._resume is not None:  # restored, and not iterated yet
             return dict(self._resume)
         return {**self._order, "epoch": self.epoch, "sample_in_epoch": batches * int(self.batch_size) * self.world_size}
-
-    def finished_after(self, batches: int) -> bool:
-        """Whether the epoch had run out after ``batches`` batches."""
-        return self.record.finished_after(batches)
-
-    def next_batch_digest(self, batches: int) -> str:
-        """The digest of batch ``batches`` of the epoch, if it has been read (Lightning reads ahead)."""
-        return self.record.next_batch_digest(batches)
 
     def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
         """Continue the next pass from Mosaic's ``state``, ``batches`` batches into the epoch."""
@@ -202,7 +164,7 @@ def make_mosaic_resumable(
         raise UnsupportedLoaderError(
             "MosaicML Streaming's loader with persistent_workers=True; pass persistent_workers=False"
         )
-    _seed_samples(dataset, seed)
+    randomness.seed_each_sample(dataset, seed, _epoch_of, int)
     extra: dict[str, Any] = {}
     if loader.num_workers > 0:
         extra = {"prefetch_factor": loader.prefetch_factor, "multiprocessing_context": loader.multiprocessing_context}

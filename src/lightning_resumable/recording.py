@@ -16,7 +16,7 @@ from lightning_resumable import randomness
 from lightning_resumable.errors import StreamPositionError
 from lightning_resumable.verification import digest_of
 
-__all__ = ["PassRecord"]
+__all__ = ["PassRecord", "RecordedLoader"]
 
 _KEPT = 3
 """Batches (and states) kept: Lightning reads at most one batch ahead."""
@@ -123,3 +123,27 @@ class PassRecord:
         loader made it.
         """
         return digest_of(self._read[batches]) if batches in self._read else ""
+
+
+class RecordedLoader:
+    """A mixin: the `lightning_resumable.streams.StreamReader` members that a loader keeping a
+    `PassRecord` in ``self.record`` answers from it."""
+
+    record: PassRecord
+
+    @property
+    def first_batch(self) -> tuple[str, str] | None:
+        """(expected, read) digests of the first batch after a restore, once read."""
+        return self.record.first_batch
+
+    def state_after(self, batches: int) -> dict[str, Any]:
+        """The loader's state after ``batches`` batches of the current epoch (`PassRecord.state_after`)."""
+        return self.record.state_after(batches)
+
+    def finished_after(self, batches: int) -> bool:
+        """Whether the epoch had run out after ``batches`` batches."""
+        return self.record.finished_after(batches)
+
+    def next_batch_digest(self, batches: int) -> str:
+        """The digest of batch ``batches`` of the epoch, if read (`PassRecord.next_batch_digest`)."""
+        return self.record.next_batch_digest(batches)

@@ -39,7 +39,7 @@ from lightning_resumable.errors import (
     WorldSizeChangedError,
 )
 from lightning_resumable.format import GLOBAL_POSITION_ATTRIBUTE, StreamState
-from lightning_resumable.recording import PassRecord
+from lightning_resumable.recording import PassRecord, RecordedLoader
 from lightning_resumable.workers import (
     forking,
     leave_sigterm_to_rank,
@@ -156,7 +156,7 @@ class StreamReader(Protocol):
     def retire_workers(self) -> None: ...
 
 
-class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is untyped
+class StreamLoader(RecordedLoader, StatefulDataLoader):  # type: ignore[misc]  # torchdata is untyped
     """A ``StatefulDataLoader`` whose state the callback takes at the trainer's count of batches.
 
     Its `PassRecord` keeps its state before each of the last few batches, so the state after ``k``
@@ -208,23 +208,6 @@ class StreamLoader(StatefulDataLoader):  # type: ignore[misc]  # torchdata is un
     def batches_yielded(self) -> int:
         """Batches of the current epoch yielded, counting those before a restore."""
         return self.record.batches
-
-    @property
-    def first_batch(self) -> tuple[str, str] | None:
-        """(expected, read) digests of the first batch after a restore, once read."""
-        return self.record.first_batch
-
-    def state_after(self, batches: int) -> dict[str, Any]:
-        """The loader's state after ``batches`` batches of the current epoch (`PassRecord.state_after`)."""
-        return self.record.state_after(batches)
-
-    def finished_after(self, batches: int) -> bool:
-        """Whether the epoch had run out after ``batches`` batches."""
-        return self.record.finished_after(batches)
-
-    def next_batch_digest(self, batches: int) -> str:
-        """The digest of batch ``batches`` of the epoch, if read (`PassRecord.next_batch_digest`)."""
-        return self.record.next_batch_digest(batches)
 
     def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
         """Continue the next iteration from ``state``, ``batches`` batches into the epoch; ``next_batch``:
