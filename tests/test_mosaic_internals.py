@@ -14,7 +14,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from lightning_resumable import set_mosaic_environment
-from lightning_resumable.errors import UnsupportedLoaderError, WorldSizeChangedError
+from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoaderError
 from lightning_resumable.format import StreamState
 from lightning_resumable.loader import make_resumable
 from lightning_resumable.streams import state_for_rank
@@ -114,7 +114,8 @@ def test_a_dataset_built_for_another_world_or_batch_size_is_refused(shards: Path
 
 def test_set_mosaic_environment_gives_mosaic_the_trainers_world(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "0")  # recorded, so that the test's own values are taken out again
+        monkeypatch.delenv(name)
 
     class Trainer:
         global_rank, world_size, local_rank, num_devices, node_rank = 3, 4, 1, 2, 1
@@ -124,8 +125,17 @@ def test_set_mosaic_environment_gives_mosaic_the_trainers_world(monkeypatch: pyt
     assert (world.rank, world.num_ranks, world.ranks_per_node, world.num_nodes) == (3, 4, 2, 2)
 
 
-def test_another_world_size_is_refused_for_mosaic_and_another_worker_count_is_not() -> None:
+def test_mosaic_resumes_on_another_layout_at_the_same_global_batch_only(shards: Path) -> None:
     saved = StreamState(1, 0, 3, 2, 2, True, False, [{"epoch": 0}, {"epoch": 0}], reader="mosaic")
-    with pytest.raises(WorldSizeChangedError, match="does not resume MosaicML Streaming elastically yet"):
-        state_for_rank(saved, 0, 1, 2)
-    assert state_for_rank(saved, 1, 2, 0) == {"epoch": 0}
+    assert state_for_rank(saved, 0, 1, 0) == {"epoch": 0}  # its one global count, on any layout
+    assert state_for_rank(saved, 2, 3, 2) == {"epoch": 0}
+    state = {
+        "epoch": 0,
+        "sample_in_epoch": 12,
+        "num_canonical_nodes": 1,
+        "shuffle_seed": 7,
+        "initial_physical_nodes": 1,
+    }
+    loader(shards, 0, [0]).resume_from(state, 3)  # 3 batches of 4: this loader's global batch
+    with pytest.raises(IncompatibleStateError, match=r"consumed 12 samples of epoch 0 in 2 batches.*batch_size=6"):
+        loader(shards, 0, [0]).resume_from(state, 2)

@@ -32,7 +32,7 @@ from typing import Any
 from streaming import StreamingDataLoader, StreamingDataset
 
 from lightning_resumable import randomness
-from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoaderError
 from lightning_resumable.recording import PassRecord, RecordedLoader
 from lightning_resumable.workers import forking, leave_sigterm_to_rank, retire_ended, warn_once_on_affected_python
 
@@ -95,7 +95,20 @@ class MosaicLoader(RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  
         return {**self._order, "epoch": self.epoch, "sample_in_epoch": batches * int(self.batch_size) * self.world_size}
 
     def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
-        """Continue the next pass from Mosaic's ``state``, ``batches`` batches into the epoch."""
+        """Continue the next pass from Mosaic's ``state``, ``batches`` batches into the epoch.
+
+        Raises:
+            IncompatibleStateError: the global batch (the loader's batch size times the world size) is
+                not the one that consumed the state's samples in ``batches`` batches.
+        """
+        consumed, global_batch = int(state["sample_in_epoch"]), int(self.batch_size) * self.world_size
+        if consumed != batches * global_batch:
+            raise IncompatibleStateError(
+                f"MosaicML Streaming's state has consumed {consumed} samples of epoch {state['epoch']} in"
+                f" {batches} batches, but this run's global batch is {global_batch} ({self.world_size} processes"
+                f" x batch_size={self.batch_size}): Mosaic resumes on another world size at the same global"
+                f" batch only. Use batch_size={consumed // max(batches, 1) // self.world_size} per process"
+            )
         self._resume = dict(state)
         self._order = {key: state[key] for key in self._order}
         self._next_epoch = int(state["epoch"])

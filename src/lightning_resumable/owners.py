@@ -284,7 +284,8 @@ class StreamOwner(Owner):
             batches=at.batches,
             world_size=at.world_size,
             num_workers=self.loader.num_workers,
-            global_position=bool(getattr(self.loader.dataset, GLOBAL_POSITION_ATTRIBUTE, False)),
+            global_position=loader.reader == "mosaic"
+            or bool(getattr(loader.dataset, GLOBAL_POSITION_ATTRIBUTE, False)),
             finished=all(finished for _, _, finished in gathered),
             ranks=ranks,
             torchdata=torchdata_version(),

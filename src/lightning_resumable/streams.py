@@ -246,18 +246,18 @@ def state_for_rank(
             f" torchdata {installed}: an older torchdata cannot read a newer one's StatefulDataLoader state."
             f" Install torchdata>={saved.torchdata}"
         )
-    # Mosaic's order is the same for any number of workers (its global count is partitioned again).
-    workers_differ = num_workers != saved.num_workers and saved.reader != "mosaic"
-    if not torchdata_state and (world_size != saved.world_size or workers_differ):
+    # Mosaic's state is one global count, which it partitions again on any world size and number of
+    # workers (its loader checks that the global batch is the same).
+    elastic = saved.reader == "mosaic"
+    if not torchdata_state and not elastic and (world_size, num_workers) != (saved.world_size, saved.num_workers):
         raise WorldSizeChangedError(
             f"the checkpoint's {library} state was written on {saved.world_size} processes with num_workers="
             f"{saved.num_workers} and resumes on {world_size} with num_workers={num_workers}: {library} restripes"
             f" its stream on another layout itself, but this release does not resume {library} elastically yet."
-            f" Resume on {saved.world_size} processes"
-            + ("" if saved.reader == "mosaic" else f" with num_workers={saved.num_workers}")
+            f" Resume on {saved.world_size} processes with num_workers={saved.num_workers}"
         )
     if not torchdata_state:
-        return saved.ranks[rank]
+        return saved.ranks[rank if world_size == saved.world_size else 0]
     if world_size != saved.world_size and not saved.global_position:
         raise WorldSizeChangedError(
             f"the checkpoint's stream state was written on {saved.world_size} processes and resumes on {world_size}:"

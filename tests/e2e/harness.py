@@ -213,6 +213,7 @@ def _config(scenario: Scenario, phase: str, run_dir: Path, checkpoint: Path, wor
         out_dir=str(run_dir),
         checkpoint=str(checkpoint),
         world_size=world_size,
+        first_world_size=scenario.world_size,  # the world size before a resume on another one
         val_check_interval=2,
         stop={"kind": scenario.stop_kind, "epoch": scenario.stop_epoch, "batch": scenario.stop_batch},
     )

@@ -68,3 +68,25 @@ def test_mosaics_loader_resumes_exactly(mosaic_runner: Runner, scenario: Scenari
     assert outcome.stream_mismatches() == []
     for rank, steps in outcome.full.items():
         assert len(steps) == scenario.batches_per_epoch * scenario.epochs, f"rank {rank}"
+
+
+def global_steps(records: dict[int, list[dict[str, Any]]]) -> dict[tuple[int, int], list[tuple[int, Any]]]:
+    """Per (epoch, batch), what all ranks trained together: (id, augmentation) pairs, sorted."""
+    steps: dict[tuple[int, int], list[tuple[int, Any]]] = {}
+    for rank_records in records.values():
+        for record in rank_records:
+            pairs = zip(record["ids"], record["aug"], strict=True)
+            steps.setdefault((record["epoch"], record["batch"]), []).extend(pairs)
+    return {step: sorted(pairs) for step, pairs in steps.items()}
+
+
+def test_a_run_on_two_processes_resumes_on_one_at_the_same_global_batch(mosaic_runner: Runner) -> None:
+    """2 -> 1 processes, batch 4 -> 8 per process: every later step trains the very samples, with their
+    augmentations, that the two ranks trained together at that step of the uninterrupted run (Mosaic
+    partitions its global count again; each sample's seed is its own), and the interrupted epoch ends
+    after the same number of steps."""
+    scenario = replace(EXACT[1], resume_world_size=1)
+    full, stopped = global_steps(mosaic_runner.full(scenario)), global_steps(mosaic_runner.stopped(scenario))
+    resumed = global_steps(mosaic_runner.resumed(scenario))
+    assert list(stopped) + list(resumed) == list(full)
+    assert {**stopped, **resumed} == full

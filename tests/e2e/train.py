@@ -454,7 +454,8 @@ class PlainData(L.LightningDataModule):
             from lightning_resumable import set_mosaic_environment
 
             set_mosaic_environment(self.trainer)  # Lightning's launcher sets neither RANK nor LOCAL_WORLD_SIZE
-            batch_size = self.config["batch_size"]
+            # The global batch stays the same on another world size (Mosaic resumes elastically at it).
+            batch_size = self.config["batch_size"] * self.config["first_world_size"] // self.config["world_size"]
             self.train_set = mosaic_stream(Path(self.config["out_dir"]).parent / MOSAIC_DIR, batch_size)
             loader_type = (
                 import_streaming().StreamingDataLoader if self.config["loader"] != "DataLoader" else DataLoader
