@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lightning_resumable.errors import WorldSizeChangedError
+from lightning_resumable.errors import UnsupportedLoaderError, WorldSizeChangedError
 from lightning_resumable.format import StreamState
 from lightning_resumable.streams import state_for_rank
 
@@ -86,3 +86,14 @@ def test_a_seeded_dataset_pickles_for_a_spawned_worker_as_the_users_class_seeded
     copied = pickle.loads(pickle.dumps(dataset))
     assert type(copied).__mro__[1] is litdata.StreamingDataset  # the user's class, seeded again:
     assert {"__getitem__", "__reduce__"} <= set(vars(type(copied)))
+
+
+def test_a_combined_dataset_is_resumed_without_workers_and_refused_with_them(chunks: Path) -> None:
+    """LitData sums a combined dataset's counts over the workers, and its resume then reads other samples
+    (tests/e2e/test_litdata.py resumes one exactly without workers)."""
+    combined = litdata.CombinedStreamingDataset([train.litdata_stream(chunks), train.litdata_stream(chunks)], seed=5)
+    made = make_litdata_resumable(litdata.StreamingDataLoader(combined, batch_size=4), seed=3, epoch_source=lambda: 0)
+    assert isinstance(made, LitDataLoader)
+    with_workers = litdata.StreamingDataLoader(combined, batch_size=4, num_workers=2)
+    with pytest.raises(UnsupportedLoaderError, match="CombinedStreamingDataset with num_workers > 0"):
+        make_litdata_resumable(with_workers, seed=3, epoch_source=lambda: 0)

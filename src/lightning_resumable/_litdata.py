@@ -25,7 +25,7 @@ import copy
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from litdata import StreamingDataLoader, StreamingDataset
+from litdata import CombinedStreamingDataset, StreamingDataLoader, StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
 
 from lightning_resumable import randomness
@@ -99,13 +99,13 @@ class LitDataLoader(RecordedLoader, StreamingDataLoader):  # type: ignore[misc] 
 
 def make_litdata_resumable(loader: Any, *, seed: int, epoch_source: Callable[[], int]) -> LitDataLoader:
     """``loader`` (LitData's ``StreamingDataLoader``, or a torch ``DataLoader`` or ``StatefulDataLoader``,
-    over a ``StreamingDataset``) as a `LitDataLoader`: a torch loader cannot hand LitData's dataset
-    the counts its ``state_dict`` needs; LitData's loader can.
+    over a ``StreamingDataset`` or a ``CombinedStreamingDataset`` of them) as a `LitDataLoader`: a torch
+    loader cannot hand LitData's dataset the counts its ``state_dict`` needs; LitData's loader can.
 
     Raises:
-        UnsupportedLoaderError: the dataset is a ``CombinedStreamingDataset`` or
-            ``ParallelStreamingDataset``, the loader has persistent workers, or a torch loader drops
-            its last batch (LitData's ``drop_last`` is the dataset's: pass it there).
+        UnsupportedLoaderError: the dataset is a ``ParallelStreamingDataset`` (or another), or a
+            ``CombinedStreamingDataset`` read by workers; the loader has persistent workers; or a torch
+            loader drops its last batch (LitData's ``drop_last`` is the dataset's: pass it there).
     """
     dataset = loader.dataset
     own = isinstance(loader, StreamingDataLoader)
@@ -114,14 +114,23 @@ def make_litdata_resumable(loader: Any, *, seed: int, epoch_source: Callable[[],
             "a torch DataLoader(drop_last=True) over LitData's StreamingDataset: LitData's loader, which this"
             " library reads it through, has no such option; pass drop_last to the StreamingDataset instead"
         )
-    if not isinstance(dataset, StreamingDataset):
+    combined = isinstance(dataset, CombinedStreamingDataset)
+    datasets = list(dataset._datasets) if combined else [dataset]  # a combined dataset's own: private
+    if not all(isinstance(each, StreamingDataset) for each in datasets):
         raise UnsupportedLoaderError(
             f"LitData's StreamingDataLoader over a {type(dataset).__name__} is not resumed yet; over a"
-            " StreamingDataset it is"
+            " StreamingDataset, or a CombinedStreamingDataset of them, it is"
+        )
+    if combined and loader.num_workers > 0:
+        raise UnsupportedLoaderError(
+            "LitData's CombinedStreamingDataset with num_workers > 0: LitData's state sums each dataset's count"
+            " over the workers, and its resume then reads other samples (seen: a sample trained twice and"
+            " another never, 2 workers). It resumes exactly with num_workers=0"
         )
     if loader.num_workers > 0 and loader.persistent_workers:
         raise UnsupportedLoaderError("LitData's loader with persistent_workers=True; pass persistent_workers=False")
-    randomness.seed_each_sample(dataset, seed, _epoch_of, _index_of)
+    for stream, each in enumerate(datasets):  # a combined dataset's samples share their indices
+        randomness.seed_each_sample(each, seed, _epoch_of, _index_of, stream)
     extra: dict[str, Any] = {}
     if loader.num_workers > 0:
         extra = {"prefetch_factor": loader.prefetch_factor, "multiprocessing_context": loader.multiprocessing_context}

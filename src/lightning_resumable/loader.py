@@ -114,9 +114,8 @@ def make_resumable(
         return loader  # type: ignore[return-value]  # built by this function already
     torch_loader = type(loader) in (DataLoader, StatefulDataLoader)
     dataset = getattr(loader, "dataset", None)
-    if is_of(loader, "litdata", "StreamingDataLoader") or (
-        torch_loader and is_of(dataset, "litdata", "StreamingDataset")
-    ):
+    litdata_dataset = any(is_of(dataset, "litdata", name) for name in ("StreamingDataset", "CombinedStreamingDataset"))
+    if is_of(loader, "litdata", "StreamingDataLoader") or (torch_loader and litdata_dataset):
         from lightning_resumable._litdata import make_litdata_resumable  # imports litdata: only when used
 
         return make_litdata_resumable(loader, seed=seed, epoch_source=epoch_source)

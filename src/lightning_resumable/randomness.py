@@ -244,11 +244,14 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
         return samples
 
 
-def seed_each_sample(dataset: Any, seed: int, epoch_of: Callable[[Any], int], index_of: Callable[[Any], int]) -> None:
+def seed_each_sample(
+    dataset: Any, seed: int, epoch_of: Callable[[Any], int], index_of: Callable[[Any], int], stream: int = 0
+) -> None:
     """Make a data library's ``dataset`` read each sample under its own seed, keyed by (``seed``, its
-    epoch, the sample's index in the dataset): its class becomes a subclass of its own whose
-    ``__getitem__`` wraps the user's. ``epoch_of(dataset)`` and ``index_of(key)`` read the library's
-    epoch and ``__getitem__``'s key (module-level functions: a spawned worker unpickles them).
+    epoch, ``stream``: the dataset's place among those a loader combines, the sample's index in the
+    dataset): its class becomes a subclass of its own whose ``__getitem__`` wraps the user's.
+    ``epoch_of(dataset)`` and ``index_of(key)`` read the library's epoch and ``__getitem__``'s key
+    (module-level functions: a spawned worker unpickles them).
 
     The global generators are not put back here: without workers, the library's loader puts the main
     process's back after each batch.
@@ -257,7 +260,7 @@ def seed_each_sample(dataset: Any, seed: int, epoch_of: Callable[[Any], int], in
 
     def __getitem__(self: Any, key: Any) -> Any:  # the dunder of the subclass
         try:
-            begin_sample(stream_sample_seed(stream_key(seed, epoch_of(self), 0, 0), index_of(key)), True)
+            begin_sample(stream_sample_seed(stream_key(seed, epoch_of(self), stream, 0), index_of(key)), True)
             return base.__getitem__(self, key)
         finally:
             end_sample()
@@ -265,12 +268,14 @@ def seed_each_sample(dataset: Any, seed: int, epoch_of: Callable[[Any], int], in
     def __reduce__(self: Any) -> tuple[Any, ...]:  # a spawned worker gets the user's class, seeded again
         plain = object.__new__(base)
         plain.__dict__.update(self.__dict__)
-        return _seeded_again, (plain, seed, epoch_of, index_of)
+        return _seeded_again, (plain, seed, epoch_of, index_of, stream)
 
     members = {"__getitem__": __getitem__, "__reduce__": __reduce__, "__module__": base.__module__}
     dataset.__class__ = type(base.__name__, (base,), members)
 
 
-def _seeded_again(dataset: Any, seed: int, epoch_of: Callable[[Any], int], index_of: Callable[[Any], int]) -> Any:
-    seed_each_sample(dataset, seed, epoch_of, index_of)
+def _seeded_again(
+    dataset: Any, seed: int, epoch_of: Callable[[Any], int], index_of: Callable[[Any], int], stream: int
+) -> Any:
+    seed_each_sample(dataset, seed, epoch_of, index_of, stream)
     return dataset

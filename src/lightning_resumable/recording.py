@@ -44,6 +44,9 @@ class PassRecord:
         self._read: dict[int, Any] = {}
         self._finished_at: int | None = None
         self._pending: tuple[int, dict[str, Any] | None] | None = None  # (batches, state) restored, not yet read
+        self._source: Iterator[Any] | None = None  # the pass's batches
+        self._restore_globals = False
+        self._ahead: tuple[Any] | None = None  # batch ``self.batches``, read and not handed out yet
         self._expected_first: str | None = None  # the digest the first batch after a restore must have
         self.first_batch: tuple[str, str] | None = None  # (expected, read) digests of that batch, once read
 
@@ -64,33 +67,52 @@ class PassRecord:
         put the global generators back after each batch (they are the training step's)."""
         pending, self._pending = self._pending, None
         self.batches = pending[0] if pending is not None else 0
-        self._states, self._read, self._finished_at = {}, {}, None
+        self._states, self._read, self._finished_at, self._ahead = {}, {}, None, None
         if pending is not None and pending[1] is not None:
             self._states[self.batches] = pending[1]  # the loader may not give it back before it reads
-        return self._recording(batches, restore_globals)
+        self._source, self._restore_globals = batches, restore_globals
+        return self._recording()
 
-    def _recording(self, batches: Iterator[Any], restore_globals: bool) -> Iterator[Any]:
+    def _recording(self) -> Iterator[Any]:
         while True:
-            if self._state is not None and self.batches not in self._states:
-                self._states[self.batches] = self._state()
-            self._states.pop(self.batches - _KEPT, None)
-            self._read.pop(self.batches - _KEPT, None)
-            saved = randomness.GlobalGeneratorState() if restore_globals else None
-            try:
-                batch = next(batches)
-            except StopIteration:
-                self._finished_at = self.batches
-                if self._state is not None and self._state_at_end:
-                    self._states[self.batches] = self._state()
+            if self._ahead is None and not self._read_next():
                 return
-            finally:
-                if saved is not None:
-                    saved.restore()
+            assert self._ahead is not None
+            (batch,), self._ahead = self._ahead, None
             if self._expected_first is not None:
                 self.first_batch, self._expected_first = (self._expected_first, digest_of(batch)), None
-            self._read[self.batches] = batch
             self.batches += 1
             yield batch
+
+    def _read_next(self) -> bool:
+        """Read batch ``self.batches`` of the epoch into ``self._ahead``, its state recorded before; False:
+        the pass has run out."""
+        if self._finished_at is not None or self._source is None:
+            return False
+        if self._state is not None and self.batches not in self._states:
+            self._states[self.batches] = self._state()
+        self._states.pop(self.batches - _KEPT, None)
+        self._read.pop(self.batches - _KEPT, None)
+        saved = randomness.GlobalGeneratorState() if self._restore_globals else None
+        try:
+            batch = next(self._source)
+        except StopIteration:
+            self._finished_at = self.batches
+            if self._state is not None and self._state_at_end:
+                self._states[self.batches] = self._state()
+            return False
+        finally:
+            if saved is not None:
+                saved.restore()
+        self._read[self.batches], self._ahead = batch, (batch,)
+        return True
+
+    def read_ahead(self, batches: int) -> None:
+        """At a save after ``batches`` batches, read the next batch now if Lightning has not (it reads
+        ahead only for a loader without a length), so that its digest is recorded: the pass hands it
+        out next, as it would have read it."""
+        if batches == self.batches and self._ahead is None:
+            self._read_next()
 
     def state_after(self, batches: int) -> dict[str, Any]:
         """The loader's state after ``batches`` batches of the current epoch.
@@ -145,5 +167,13 @@ class RecordedLoader:
         return self.record.finished_after(batches)
 
     def next_batch_digest(self, batches: int) -> str:
-        """The digest of batch ``batches`` of the epoch, if read (`PassRecord.next_batch_digest`)."""
+        """The digest of batch ``batches`` of the epoch (`PassRecord.next_batch_digest`), read now if
+        Lightning has not read it ahead (`PassRecord.read_ahead`): not past the loader's length, where
+        Lightning ends the epoch without reading more."""
+        try:
+            within = batches < len(self)  # type: ignore[arg-type]  # a DataLoader's
+        except TypeError:  # no length: Lightning has read ahead, or the pass has run out
+            within = True
+        if within:
+            self.record.read_ahead(batches)
         return self.record.next_batch_digest(batches)

@@ -63,6 +63,7 @@ class Scenario:
     ``data`` is ``map`` (one map-style loader), ``stream`` (``train.ShardedStream``, a user's stateful
     stream), ``hf`` (a Hugging Face ``datasets.IterableDataset``), ``litdata`` (LitData's
     ``StreamingDataLoader`` over a ``StreamingDataset``; `train.write_litdata` writes its chunks),
+    ``litdata-combined`` (a ``CombinedStreamingDataset`` of it and a second one of 24 samples),
     ``mosaic`` (the same with MosaicML Streaming; `train.write_mosaic` writes its shards),
     ``combined`` (a ``CombinedLoader`` of two map-style loaders of different lengths in ``mode``) or
     ``dict`` (the same two loaders as a plain dict, which Lightning combines in ``max_size_cycle``
@@ -104,6 +105,8 @@ class Scenario:
         """Batches each rank trains per epoch, as DistributedSampler and DataLoader count them."""
         if self.data in ("stream", "hf", "litdata", "mosaic"):
             return STREAM_SIZE // self.world_size // self.batch_size  # the shards divide evenly
+        if self.data == "litdata-combined":  # the stream and a second one of half its size, each once
+            return (STREAM_SIZE + STREAM_SIZE // 2) // self.world_size // self.batch_size
         if self.data in ("combined", "dict"):
             lengths = [math.ceil(math.ceil(size / self.world_size) / self.batch_size) for size in COMBINED_SIZES]
             return min(lengths) if self.mode == "min_size" else max(lengths)

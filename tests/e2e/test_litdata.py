@@ -26,9 +26,11 @@ PLAIN = [
 @pytest.fixture(scope="module")
 def litdata_runner(runner: Runner) -> Runner:
     """The session's runner, with the chunks its LitData scenarios read written once."""
-    chunks = runner.root / train.LITDATA_DIR
+    chunks, second = runner.root / train.LITDATA_DIR, runner.root / train.LITDATA_SECOND_DIR
     if not (chunks / "index.json").exists():
         train.write_litdata(chunks, 48)
+    if not (second / "index.json").exists():
+        train.write_litdata(second, 24, first=1000)
     return runner
 
 
@@ -59,6 +61,8 @@ EXACT = [replace(scenario, resumable=True) for scenario in PLAIN]
 # A torch DataLoader over LitData's dataset crashed (its state_dict takes the loader's counts); it is
 # read through LitData's loader.
 EXACT.append(replace(EXACT[1], loader="DataLoader"))
+# A CombinedStreamingDataset of two streams (LitData replays its choice of stream on a resume).
+EXACT.append(replace(EXACT[0], data="litdata-combined"))
 
 
 @pytest.mark.parametrize("scenario", EXACT, ids=lambda scenario: scenario.label())

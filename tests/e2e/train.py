@@ -152,17 +152,20 @@ def hf_stream(size: int, rank: int, world_size: int, shuffle_buffer: int = 0) ->
 
 LITDATA_DIR = "litdata-chunks"
 """Where a runner's LitData scenarios read their chunks: beside its run directories (`write_litdata`)."""
+LITDATA_SECOND_DIR = "litdata-chunks-second"
+"""The second stream of the ``litdata-combined`` scenarios: ids 1000 to 1023."""
 
 
 def litdata_row(sample_id: int) -> dict[str, int]:
     return {"id": sample_id}
 
 
-def write_litdata(directory: Path, size: int) -> None:
-    """Write ids ``0..size-1`` as LitData chunks of 6 samples (8 chunks for 48), with ``litdata.optimize``."""
+def write_litdata(directory: Path, size: int, first: int = 0) -> None:
+    """Write ids ``first..first+size-1`` as LitData chunks of 6 samples (8 chunks for 48), with ``litdata.optimize``."""
     import litdata
 
-    litdata.optimize(fn=litdata_row, inputs=list(range(size)), output_dir=str(directory), chunk_size=6, num_workers=1)
+    inputs = list(range(first, first + size))
+    litdata.optimize(fn=litdata_row, inputs=inputs, output_dir=str(directory), chunk_size=6, num_workers=1)
     written = json.loads((directory / "index.json").read_text())["chunks"]  # a failed worker leaves it empty
     if sum(chunk["chunk_size"] for chunk in written) != size:
         raise RuntimeError(f"litdata.optimize wrote {written!r:.300} to {directory}, not {size} samples")
@@ -464,10 +467,14 @@ class PlainData(L.LightningDataModule):
             if self.config["phase"].startswith("resume") and self.config.get("resume_num_workers") is not None:
                 workers = self.config["resume_num_workers"]
             return loader_type(self.train_set, batch_size=batch_size, num_workers=workers)
-        if data == "litdata":
-            from litdata import StreamingDataLoader
+        if data in ("litdata", "litdata-combined"):
+            from litdata import CombinedStreamingDataset, StreamingDataLoader
 
-            self.train_set = litdata_stream(Path(self.config["out_dir"]).parent / LITDATA_DIR)
+            root = Path(self.config["out_dir"]).parent
+            self.train_set = litdata_stream(root / LITDATA_DIR)
+            if data == "litdata-combined":
+                second = litdata_stream(root / LITDATA_SECOND_DIR)
+                self.train_set = CombinedStreamingDataset([self.train_set, second], seed=5)
             loader_type = StreamingDataLoader if self.config["loader"] == "StreamingDataLoader" else DataLoader
             return loader_type(
                 self.train_set, batch_size=self.config["batch_size"], num_workers=self.config["num_workers"]
