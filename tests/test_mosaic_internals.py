@@ -139,3 +139,20 @@ def test_mosaic_resumes_on_another_layout_at_the_same_global_batch_only(shards: 
     loader(shards, 0, [0]).resume_from(state, 3)  # 3 batches of 4: this loader's global batch
     with pytest.raises(IncompatibleStateError, match=r"consumed 12 samples of epoch 0 in 2 batches.*batch_size=6"):
         loader(shards, 0, [0]).resume_from(state, 2)
+
+
+def test_a_save_without_lightnings_look_ahead_reads_the_next_batch_and_hands_it_out_next(shards: Path) -> None:
+    """Mosaic's loader has a length, so Lightning does not read ahead of it: the digest of the next batch
+    is read at the save, the pass then hands that batch out, and a resume onto another order is told
+    apart by it."""
+    epoch = [0]
+    expected = pass_of(iter(loader(shards, 0, epoch)))
+    stopped = loader(shards, 0, epoch)
+    batches = iter(stopped)
+    seen = pass_of(batches, 3)  # 3 trained, none read ahead
+    digest, state = stopped.next_batch_digest(3), stopped.state_after(3)
+    assert digest != "" and seen + pass_of(batches, BATCHES - 3) == expected
+    resumed = loader(shards, 0, epoch)
+    resumed.resume_from({**state, "shuffle_seed": state["shuffle_seed"] + 1}, 3, digest)  # another order
+    pass_of(iter(resumed), 1)
+    assert resumed.first_batch is not None and resumed.first_batch[0] != resumed.first_batch[1]
