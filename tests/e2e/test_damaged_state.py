@@ -3,8 +3,10 @@ before any step trains, never resumed into a wrong stream."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -14,18 +16,29 @@ from .harness import Runner, Scenario, run_phase
 BASE = Scenario(world_size=2, num_workers=2)
 
 
+def resume_damaged(runner: Runner, scenario: Scenario, tmp_path: Path, damage: Callable[[dict[str, Any]], None]) -> str:
+    """Resume ``scenario``'s stopped run from its checkpoint after ``damage(checkpoint)``; the run must
+    fail before any step trains. Returns its log."""
+    runner.stopped(scenario)
+    checkpoint = torch.load(runner.checkpoint(scenario), weights_only=True)
+    damage(checkpoint)
+    damaged = tmp_path / "damaged.ckpt"
+    torch.save(checkpoint, damaged)
+    resumed = run_phase(scenario, "resume-damaged", tmp_path / "run", damaged, expect_failure=True)
+    assert not any(resumed.values()), "a resumed step trained"
+    return (tmp_path / "run" / "resume-damaged.log").read_text()
+
+
+def stream_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    state: dict[str, Any] = checkpoint["callbacks"]["ResumableDataCallback"]["state"]
+    return state
+
+
 @pytest.mark.parametrize("emptied", [{}, None], ids=["empty-dict", "None"])
 def test_an_emptied_data_state_is_refused_on_every_rank(runner: Runner, tmp_path: Path, emptied: object) -> None:
     """Lightning hands no falsy state to the callback: the data restarted at batch 0 while Lightning
     counted from the saved batch, 3 batches repeated and 3 skipped, with only a warning."""
-    runner.stopped(BASE)
-    checkpoint = torch.load(runner.checkpoint(BASE), weights_only=True)
-    checkpoint["callbacks"]["ResumableDataCallback"] = emptied
-    damaged = tmp_path / "emptied.ckpt"
-    torch.save(checkpoint, damaged)
-    resumed = run_phase(BASE, "resume-emptied", tmp_path / "run", damaged, expect_failure=True)
-    assert not any(resumed.values()), "a resumed step trained"
-    log = (tmp_path / "run" / "resume-emptied.log").read_text()
+    log = resume_damaged(runner, BASE, tmp_path, lambda c: c["callbacks"].update(ResumableDataCallback=emptied))
     for rank in range(BASE.world_size):
         assert (
             f"[rank{rank}]: lightning_resumable.errors.MissingStateError: the checkpoint's data state is empty" in log
@@ -54,16 +67,13 @@ def test_swapped_stream_states_are_refused_on_every_rank_naming_the_ranks(runner
     """Each rank of a stream restores its own state from the checkpoint: with rank 0's and rank 1's states
     swapped, each read the other's shard on, silently (a stream's batch cannot be re-fetched from a state).
     Each rank's first resumed batch is now compared with the digest it recorded, before it trains."""
-    runner.stopped(STREAM)
-    checkpoint = torch.load(runner.checkpoint(STREAM), weights_only=True)
-    stream = checkpoint["callbacks"]["ResumableDataCallback"]["state"]
-    assert stream["next_batch"][0] != stream["next_batch"][1] != ""
-    stream["ranks"].reverse()
-    damaged = tmp_path / "swapped.ckpt"
-    torch.save(checkpoint, damaged)
-    resumed = run_phase(STREAM, "resume-swapped", tmp_path / "run", damaged, expect_failure=True)
-    assert not any(resumed.values()), "a resumed step trained"
-    log = (tmp_path / "run" / "resume-swapped.log").read_text()
+
+    def swap(checkpoint: dict[str, Any]) -> None:
+        stream = stream_state(checkpoint)
+        assert stream["next_batch"][0] != stream["next_batch"][1] != ""
+        stream["ranks"].reverse()
+
+    log = resume_damaged(runner, STREAM, tmp_path, swap)
     for rank in range(STREAM.world_size):
         assert f"[rank{rank}]: lightning_resumable.errors.ResumeVerificationError: the first batch after" in log
     assert "rank 0 read a batch with digest" in log and "rank 1 read a batch with digest" in log
@@ -73,13 +83,8 @@ def test_an_emptied_stream_state_of_one_rank_is_refused_on_every_rank(runner: Ru
     """torchdata restores a loader state of ``{}`` without an error and reads the stream from its start. Every
     rank checks every rank's state against torchdata's structure, so all refuse, not only rank 1 (which
     would leave rank 0 waiting in its first collective)."""
-    runner.stopped(STREAM)
-    checkpoint = torch.load(runner.checkpoint(STREAM), weights_only=True)
-    checkpoint["callbacks"]["ResumableDataCallback"]["state"]["ranks"][1] = {}
-    damaged = tmp_path / "emptied-rank.ckpt"
-    torch.save(checkpoint, damaged)
-    resumed = run_phase(STREAM, "resume-emptied-rank", tmp_path / "run", damaged, expect_failure=True)
-    assert not any(resumed.values()), "a resumed step trained"
-    log = (tmp_path / "run" / "resume-emptied-rank.log").read_text()
+    log = resume_damaged(
+        runner, STREAM, tmp_path, lambda checkpoint: stream_state(checkpoint)["ranks"].__setitem__(1, {})
+    )
     for rank in range(STREAM.world_size):
         assert f"[rank{rank}]: lightning_resumable.errors.StateFormatError: rank 1's stream loader state lacks" in log
