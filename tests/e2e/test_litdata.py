@@ -74,3 +74,24 @@ def test_litdatas_loader_resumes_exactly(litdata_runner: Runner, scenario: Scena
     assert outcome.stream_mismatches() == []
     for rank, steps in outcome.full.items():
         assert len(steps) == scenario.batches_per_epoch * scenario.epochs, f"rank {rank}"
+
+
+def test_control_litdatas_own_resume_on_one_process_does_not_train_the_interrupted_epoch_once(
+    litdata_runner: Runner,
+) -> None:
+    """Plain Lightning with LitData's loader, stopped on 2 processes and resumed on 1 at the same global
+    batch (4 -> 8 per process), LitData's own elastic resume: the interrupted epoch does not train each
+    of its 48 samples once. The library refuses such a resume (`WorldSizeChangedError`) rather than
+    take it."""
+    scenario = replace(PLAIN[1], resume_world_size=1)
+    epoch = scenario.stop_epoch
+    stopped, resumed = litdata_runner.stopped(scenario), litdata_runner.resumed(scenario)
+    trained = [
+        i
+        for run in (stopped, resumed)
+        for steps in run.values()
+        for s in steps
+        if s["epoch"] == epoch
+        for i in s["ids"]
+    ]
+    assert sorted(trained) != list(range(48)), "LitData's elastic resume trained the epoch's samples once each"

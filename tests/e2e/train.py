@@ -180,7 +180,7 @@ def litdata_stream(directory: Path) -> Any:
         def __getitem__(self, index: Any) -> Any:
             return augmented(int(super().__getitem__(index)["id"]))
 
-    return Augmented(str(directory), shuffle=True, seed=7)
+    return Augmented(str(directory), shuffle=True, seed=7, drop_last=True)  # LitData's default on several processes
 
 
 def import_streaming() -> Any:
@@ -476,9 +476,9 @@ class PlainData(L.LightningDataModule):
                 second = litdata_stream(root / LITDATA_SECOND_DIR)
                 self.train_set = CombinedStreamingDataset([self.train_set, second], seed=5)
             loader_type = StreamingDataLoader if self.config["loader"] == "StreamingDataLoader" else DataLoader
-            return loader_type(
-                self.train_set, batch_size=self.config["batch_size"], num_workers=self.config["num_workers"]
-            )
+            # The global batch stays the same on another world size (where LitData resumes elastically).
+            batch_size = self.config["batch_size"] * self.config["first_world_size"] // self.config["world_size"]
+            return loader_type(self.train_set, batch_size=batch_size, num_workers=self.config["num_workers"])
         if data in ("combined", "dict"):
             loaders = {
                 "a": make_loader(self.config, IdDataset(38), shuffle=True, drop_last=False),
