@@ -73,6 +73,7 @@ def test_a_litdata_dataset_is_refused_naming_the_library_and_the_way_that_works(
     with pytest.raises(UnsupportedLoaderError, match=r"holds LitData's LitDataStream at loader\.dataset") as refused:
         resumable(DataLoader(LitDataStream(), batch_size=2))
     assert "return LitData's StreamingDataLoader (or a torch DataLoader) over a" in str(refused.value)
+    assert "or a CombinedStreamingDataset of them, which this library resumes" in " ".join(str(refused.value).split())
 
 
 def test_a_mosaic_loader_is_refused_naming_the_library() -> None:

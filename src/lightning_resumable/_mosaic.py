@@ -50,6 +50,7 @@ class MosaicLoader(RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  
     """Mosaic's ``StreamingDataLoader``, whose state the callback computes at the trainer's count of batches."""
 
     reader = "mosaic"
+    resumable_global_position = True  # one global count, the same on every rank, on any layout
     state_dict = None  # hidden from Lightning: use state_after and resume_from
     load_state_dict = None
 

@@ -61,8 +61,8 @@ _TODAY = {
     "LitData": (
         "Its StreamingDataset keeps its position in its own StreamingDataLoader, whose state_dict hands the"
         " dataset the loader's counts: return LitData's StreamingDataLoader (or a torch DataLoader) over a"
-        " StreamingDataset, which this library resumes exactly (CombinedStreamingDataset and"
-        " ParallelStreamingDataset are not resumed yet)"
+        " StreamingDataset, or a CombinedStreamingDataset of them, which this library resumes exactly"
+        " (ParallelStreamingDataset is not resumed yet)"
     ),
     "MosaicML Streaming": (
         "Its StreamingDataset keeps its position in its own StreamingDataLoader, whose state_dict hands the"

@@ -54,7 +54,7 @@ from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.libraries import is_of, refuse_unsupported
 from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
-from lightning_resumable.streams import SeededStream, StreamLoader
+from lightning_resumable.streams import SeededStream, StreamLoader, StreamReader
 from lightning_resumable.workers import WorkerSafeDataLoader, worker_safe
 
 __all__ = ["make_resumable"]
@@ -110,7 +110,7 @@ def make_resumable(
     Raises:
         UnsupportedLoaderError: the loader cannot be made exactly resumable; the message says why.
     """
-    if getattr(type(loader), "reader", None) in ("litdata", "mosaic"):
+    if isinstance(loader, StreamReader):
         return loader  # type: ignore[return-value]  # built by this function already
     torch_loader = type(loader) in (DataLoader, StatefulDataLoader)
     dataset = getattr(loader, "dataset", None)

@@ -284,8 +284,7 @@ class StreamOwner(Owner):
             batches=at.batches,
             world_size=at.world_size,
             num_workers=self.loader.num_workers,
-            global_position=loader.reader == "mosaic"
-            or bool(getattr(loader.dataset, GLOBAL_POSITION_ATTRIBUTE, False)),
+            global_position=any(getattr(each, GLOBAL_POSITION_ATTRIBUTE, False) for each in (loader, loader.dataset)),
             finished=all(finished for _, _, finished in gathered),
             ranks=ranks,
             torchdata=torchdata_version(),

@@ -246,10 +246,13 @@ def state_for_rank(
             f" torchdata {installed}: an older torchdata cannot read a newer one's StatefulDataLoader state."
             f" Install torchdata>={saved.torchdata}"
         )
-    # Mosaic's state is one global count, which it partitions again on any world size and number of
-    # workers (its loader checks that the global batch is the same).
-    elastic = saved.reader == "mosaic"
-    if not torchdata_state and not elastic and (world_size, num_workers) != (saved.world_size, saved.num_workers):
+    # A library's global count (Mosaic's) is partitioned again on any world size and number of workers
+    # (its loader checks that the global batch is the same); LitData's own elastic resume is not exact.
+    if (
+        not torchdata_state
+        and not saved.global_position
+        and (world_size, num_workers) != (saved.world_size, saved.num_workers)
+    ):
         raise WorldSizeChangedError(
             f"the checkpoint's {library} state was written on {saved.world_size} processes with num_workers="
             f"{saved.num_workers} and resumes on {world_size} with num_workers={num_workers}: {library} restripes"
