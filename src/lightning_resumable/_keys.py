@@ -38,6 +38,7 @@ class Domain(IntEnum):
     BATCH = 0x4241544348  # "BATCH": a batch sampler's epoch generator
     EXPLICIT_TORCH = 0x9E3779B97F4A7C15  # a sample's explicit torch generator
     EXPLICIT_NUMPY = 0xD1B54A32D192ED03  # a sample's explicit NumPy generator
+    VALIDATION = 0x56414C4944  # "VALID": a validation sample's seed from (seed, loader, index)
 
 
 def check_version(version: object) -> int:
@@ -66,6 +67,11 @@ def domain_key(seed: int, domain: int, *parts: int) -> int:
 def step_seed(seed: int, epoch: int, batch: int) -> int:
     """The seed a training step starts from (below 2**63)."""
     return domain_key(seed, Domain.STEP, epoch, batch) >> 1
+
+
+def validation_sample_seed(seed: int, loader: int, index: int) -> int:
+    """The seed of sample ``index`` of validation loader ``loader`` (below 2**63), the same at every validation."""
+    return domain_key(seed, Domain.VALIDATION, loader, index) >> 1
 
 
 def cycle_seed(seed: int, cycle: int) -> int:

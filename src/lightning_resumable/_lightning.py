@@ -28,11 +28,13 @@ __all__ = [
     "combined_loader_mode",
     "handle_preemption_signal",
     "preemption_signals",
-    "rebuild_train_loader_at_next_epoch",
+    "rebuild_train_loader",
     "reinstantiate_loader",
+    "resumes_in_next_epoch",
     "saving_off_the_training_path",
     "set_fabric_pass_count",
     "silence_not_resumable_warning",
+    "validation_resumes_from_its_start",
 ]
 
 log = logging.getLogger("lightning.pytorch.lightning_resumable")
@@ -49,8 +51,75 @@ def batches_processed(trainer: pl.Trainer) -> int:
     during mid-epoch validation (counted; the resume starts after it). After a restore, before the
     first batch, it is the count the resumed epoch continues from.
     """
-    progress = trainer.fit_loop.epoch_loop.batch_progress.current
+    return _processed(trainer.fit_loop.epoch_loop.batch_progress.current)
+
+
+def _validation_follows(trainer: pl.Trainer) -> bool:
+    """Whether Lightning validates after the training batch now ending (a save in ``on_train_batch_end``):
+    ``_TrainingEpochLoop.on_advance_end`` asks ``_should_check_val_fx`` right after that hook."""
+    fit_loop = trainer.fit_loop
+    if trainer.validating or fit_loop._data_fetcher is None:
+        return False
+    return bool(fit_loop.epoch_loop._should_check_val_fx(fit_loop._data_fetcher))
+
+
+def resumes_in_next_epoch(trainer: pl.Trainer) -> bool:
+    """Whether Lightning, restored from a checkpoint written now after the epoch's last batch, starts the next
+    epoch (``True``) or first ends this one (``False``: its last batch had completed, a validation after it
+    runs or ran, and ``on_train_epoch_end`` has not).
+
+    The fit loop starts the next epoch when the epoch's end ran (``epoch_progress.processed``), or when the
+    save came from the last batch's ``on_train_batch_end`` (``RESTARTED_ON_TRAIN_BATCH_END``), unless a
+    validation follows that batch, which `validation_resumes_from_its_start` makes the resume run first.
+    """
+    fit_loop = trainer.fit_loop
+    if _processed(fit_loop.epoch_progress.current) > trainer.current_epoch:
+        return True
+    batch = fit_loop.epoch_loop.batch_progress.current
+    return batch.completed < _processed(batch) and not _validation_follows(trainer)
+
+
+def _processed(progress: object) -> int:
     return int(progress.processed)  # type: ignore[attr-defined]  # a _ProcessedTracker at runtime
+
+
+def validation_resumes_from_its_start(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
+    """Make a checkpoint written before or inside a validation that the run would complete resume with
+    that whole validation, as the uninterrupted run had it (``on_save_checkpoint``, on the dumped loops).
+
+    Lightning 2.6 resumes a validation only when the save came inside a ``validation_step``, and then from
+    the batch it was in, its earlier batches' metrics lost; a save in ``on_validation_batch_end``, or in
+    ``on_train_batch_end`` before a due validation (``ModelCheckpoint(every_n_train_steps=...)``), skips it
+    (``_TrainingEpochLoop.advance``: ``increment_progress_to_evaluation_end``, ``_skip_next_val``). Here
+    the validation loop's progress is written as ``RESTARTED_MID_EVALUATION`` before its first batch, and,
+    for a save before it, the training batch as completed (the validation ran after its completion):
+    Lightning's own restart then runs the validation from its first batch before the next training batch.
+    A checkpoint written at ``on_validation_end`` (the validation complete) is left as it is.
+    """
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    loops = checkpoint.get("loops", {}).get("fit_loop")
+    if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking or not isinstance(loops, dict):
+        return
+    epoch_loop = trainer.fit_loop.epoch_loop
+    val, batch = epoch_loop.val_loop.batch_progress, epoch_loop.batch_progress
+    if trainer.validating:
+        if val.current.ready and val.current.completed == val.current.ready and val.is_last_batch:
+            return  # complete: its on_validation_end (ModelCheckpoint(monitor=...) saves there)
+        earlier = val.total.ready - val.current.ready  # batches of this epoch's earlier validations
+    elif batch.current.completed == _processed(batch.current) - 1 and _validation_follows(trainer):
+        earlier = val.total.completed
+        train = {key: value for key, value in loops["epoch_loop.batch_progress"].items()}
+        for part in ("total", "current"):
+            train[part] = {**train[part], "completed": train[part]["processed"]}
+        loops["epoch_loop.batch_progress"] = train
+    else:
+        return
+    loops["epoch_loop.val_loop.batch_progress"] = {
+        "total": {"ready": earlier + 1, "started": earlier + 1, "processed": earlier, "completed": earlier},
+        "current": {"ready": 1, "started": 1, "processed": 0, "completed": 0},
+        "is_last_batch": False,
+    }
 
 
 def batches_fetched_before(checkpoint: dict[str, Any]) -> int | None:
@@ -94,8 +163,9 @@ def silence_not_resumable_warning() -> None:
     warnings.filterwarnings("ignore", message=_NOT_RESUMABLE_WARNING, category=PossibleUserWarning)
 
 
-def rebuild_train_loader_at_next_epoch(trainer: pl.Trainer) -> None:
-    """Make the next epoch call ``train_dataloader()`` again, as ``reload_dataloaders_every_n_epochs`` does.
+def rebuild_train_loader(trainer: pl.Trainer) -> None:
+    """Make the fit's start, or the next epoch's, call ``train_dataloader()`` again, as
+    ``reload_dataloaders_every_n_epochs`` does.
 
     Lightning counts an epoch's batches once per loader build (``FitLoop.setup_data`` sets
     ``max_batches``). After a resume on another world size that count is the resumed epoch's (in the

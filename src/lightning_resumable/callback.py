@@ -7,6 +7,7 @@ depends on the kind of train input is its `lightning_resumable.owners` owner's.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 from collections.abc import Mapping
@@ -14,31 +15,30 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_resumable._lightning import (
     batches_fetched_before,
     batches_processed,
-    rebuild_train_loader_at_next_epoch,
+    rebuild_train_loader,
+    resumes_in_next_epoch,
     saving_off_the_training_path,
     silence_not_resumable_warning,
+    validation_resumes_from_its_start,
 )
 from lightning_resumable.audit import AuditLog
 from lightning_resumable.errors import (
     LateRestoreError,
     MissingCallbackError,
     MissingStateError,
-    WorldSizeChangedError,
 )
 from lightning_resumable.format import STATE_KEY, Body, Envelope, StreamState, holds_no_state, parse
-from lightning_resumable.owners import LoaderOwner, LoadersOwner, Owner, SavePoint, StreamOwner
+from lightning_resumable.owners import LoaderOwner, LoadersOwner, Owner, SavePoint, StreamOwner, check_world_size
 from lightning_resumable.progress import BatchCount, partial_accumulation, refuse_partial_accumulation
 from lightning_resumable.randomness import seed_training_step
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.signals import HeldPreemption
-from lightning_resumable.state import DataState
 from lightning_resumable.streams import StreamReader
 
 __all__ = ["ResumableDataCallback"]
@@ -115,6 +115,8 @@ class ResumableDataCallback(pl.Callback):
         self._seed: int | None = None
         self._batches = BatchCount()
         self._preemption = HeldPreemption()
+        self._started = False  # training of this fit has started: the loader's position is in use
+        self._captured: tuple[tuple[int, int], dict[str, Any]] | None = None  # (epoch, batches), the envelope
 
     @property
     @override
@@ -165,22 +167,10 @@ class ResumableDataCallback(pl.Callback):
         if restored is None:
             owner.start_fresh(current_epoch)
             return
-        owner.restore(restored, current_epoch, self.verify, self._check_world_size)
-        self._seed = restored.seed
-
-    def _check_world_size(self, saved: DataState, world_size: int, elastic: bool) -> None:
-        """The world-size policy: an elastic resume is logged, or refused where it cannot be exact."""
-        if saved.world_size == world_size:
-            return
-        message = (
-            f"the checkpoint was written on {saved.world_size} processes and resumes on {world_size},"
-            f" at epoch {saved.epoch}, global position {saved.position}"
+        owner.restore(
+            restored, current_epoch, self.verify, functools.partial(check_world_size, self.allow_world_size_change)
         )
-        if not elastic:
-            raise WorldSizeChangedError(message + "; several train loaders resume on the same world size only")
-        if not self.allow_world_size_change:
-            raise WorldSizeChangedError(message + "; ResumableDataCallback(allow_world_size_change=False)")
-        rank_zero_info(f"lightning_resumable: {message}; the rest of the epoch is split across the new ranks")
+        self._seed = restored.seed
 
     # ----------------------------------------------------------------------------- persisting
     @override
@@ -190,32 +180,37 @@ class ResumableDataCallback(pl.Callback):
         if stage == TrainerFn.FITTING:
             # Each fit builds its train loader anew (a second fit on the same trainer too): forget the last one's.
             self._owner, self._pending, self._batches = None, None, BatchCount()
+            self._started, self._captured = False, None
 
     @override
     def state_dict(self) -> dict[str, Any]:
         """The data state in its envelope (`lightning_resumable.format`); collective during training
-        (every rank's fingerprint and stream state are gathered: only rank 0 writes the file), not
-        on an exception or signal path."""
+        (every rank's fingerprint and stream state are gathered: only rank 0 writes the file). On an
+        exception or signal path no rank waits for another: a preemption's save writes the state the
+        ranks captured together where they acted on the signal (`HeldPreemption`)."""
         trainer = self._trainer
         if trainer is None or self._owner is None:
             # Nothing trained yet in this process: keep a restored state that was not applied.
             return Envelope(self._pending).to_dict() if self._pending is not None else {}
         batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
-        at = SavePoint(
-            seed=self.shuffle_seed(trainer),
-            epoch=trainer.current_epoch,
-            batches=batches,
-            complete=batches >= trainer.num_training_batches,
-            rank=trainer.global_rank,
-            world_size=trainer.world_size,
-            collective=not saving_off_the_training_path(trainer),
-            verify=self.verify,
-        )
-        saved = self._owner.save(at)
-        if isinstance(saved, str):
-            return Envelope(None, reason=saved).to_dict()
-        complete = saved.finished if isinstance(saved, StreamState) else at.complete
-        return Envelope(saved, partial_accumulation=partial_accumulation(trainer, batches, complete)).to_dict()
+        if self._captured is not None and self._captured[0] == (trainer.current_epoch, batches):
+            return self._captured[1]
+        return self._envelope(trainer, batches, not saving_off_the_training_path(trainer))
+
+    def _envelope(self, trainer: pl.Trainer, batches: int, collective: bool) -> dict[str, Any]:
+        assert self._owner is not None
+        return envelope_at(self._owner, trainer, self.shuffle_seed(trainer), batches, collective, self.verify)
+
+    def _capture(self, trainer: pl.Trainer) -> None:
+        """Every rank's complete data state, taken where all ranks act on a preemption together (collective)."""
+        batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
+        self._captured = ((trainer.current_epoch, batches), self._envelope(trainer, batches, True))
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        validation_resumes_from_its_start(trainer, checkpoint)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -231,11 +226,22 @@ class ResumableDataCallback(pl.Callback):
             raise MissingStateError(f"the checkpoint holds no resumable data state: {envelope.reason}")
         refuse_partial_accumulation(envelope.partial_accumulation)
         if self._owner is not None:
-            raise LateRestoreError(
-                "the data state was restored after the train loader was built (the strategy restores"
-                " checkpoints after setup); the stream cannot be repositioned exactly"
-            )
+            self._discard_early_loader()
         self._pending = envelope.state
+
+    def _discard_early_loader(self) -> None:
+        """A strategy that restores after ``setup`` (FSDP, ``ModelParallelStrategy``, DeepSpeed) may have built
+        the train loader and its iterator before (``estimated_stepping_batches`` in ``configure_optimizers``):
+        nothing trained from it, so it is retired and Lightning builds it again for the restored state."""
+        if self._started or self._trainer is None:
+            raise LateRestoreError(
+                "the data state was restored after training from the train loader started; the stream cannot be"
+                " repositioned exactly. Restore the checkpoint with trainer.fit(..., ckpt_path=...)"
+            )
+        owner, self._owner = self._owner, None
+        assert owner is not None
+        owner.retire_workers()
+        rebuild_train_loader(self._trainer)
 
     @override
     def on_load_checkpoint(
@@ -243,21 +249,7 @@ class ResumableDataCallback(pl.Callback):
     ) -> None:
         if trainer.state.fn != TrainerFn.FITTING:
             return  # validate/test/predict from a checkpoint read no train stream
-        callbacks = checkpoint.get("callbacks", {})
-        if self.state_key not in callbacks:
-            raise MissingStateError(
-                "the checkpoint holds no data state: it was written without ResumableDataCallback, so the"
-                " position of the train stream is unknown. Resume from a checkpoint written with the callback"
-            )
-        fetched, slot = batches_fetched_before(checkpoint), callbacks[self.state_key]
-        if fetched and holds_no_state(slot):
-            # Lightning hands no falsy state to load_state_dict: the data would restart at batch 0.
-            raise MissingStateError(
-                f"the checkpoint's data state is {'partial' if isinstance(slot, Mapping) and slot else 'empty'}"
-                f" ({slot!r:.80}), but it was written after {fetched} train batches: the position of the"
-                " train stream is unknown. The checkpoint was altered, or written by other code; resume from"
-                " one the callback wrote"
-            )
+        refuse_missing_state(checkpoint, self.state_key)
 
     # ------------------------------------------------------------------------------ training
     @override
@@ -267,6 +259,7 @@ class ResumableDataCallback(pl.Callback):
                 "ResumableDataCallback found no resumable train loader: make the datamodule a"
                 " ResumableDataModule (class MyData(ResumableDataModule, L.LightningDataModule))"
             )
+        self._started = True
         first = self._owner.start(trainer, batches_processed(trainer))  # refuses another place; verifies
         self._batches.first = (trainer.current_epoch, first)
         self._preemption.hold(trainer)
@@ -290,12 +283,15 @@ class ResumableDataCallback(pl.Callback):
                 self._audit = AuditLog(self.audit_dir, trainer.global_rank)
             epoch_batch_idx = self._batches.of(trainer.current_epoch, batch_idx)
             self._audit.write(trainer.current_epoch, epoch_batch_idx, self._owner.trained_ids(batch, epoch_batch_idx))
-        self._preemption.act(trainer)  # every rank is here, at the same batch
+        if self._owner is not None:  # every rank is here, at the same batch
+            batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
+            boundary = partial_accumulation(trainer, batches, batches >= trainer.num_training_batches) is None
+            self._preemption.act(trainer, boundary, lambda: self._capture(trainer))
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._owner is not None and self._owner.rebuild_at_epoch_end(trainer.current_epoch):
-            rebuild_train_loader_at_next_epoch(trainer)
+            rebuild_train_loader(trainer)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -317,3 +313,45 @@ class ResumableDataCallback(pl.Callback):
         self._preemption.release(trainer)
         if self._owner is not None:
             self._owner.retire_workers()
+
+
+def refuse_missing_state(checkpoint: dict[str, Any], state_key: str) -> None:
+    """Refuse to fit from a checkpoint without the data state, or with one emptied after train batches."""
+    callbacks = checkpoint.get("callbacks", {})
+    if state_key not in callbacks:
+        raise MissingStateError(
+            "the checkpoint holds no data state: it was written without ResumableDataCallback, so the"
+            " position of the train stream is unknown. Resume from a checkpoint written with the callback"
+        )
+    fetched, slot = batches_fetched_before(checkpoint), callbacks[state_key]
+    if fetched and holds_no_state(slot):
+        # Lightning hands no falsy state to load_state_dict: the data would restart at batch 0.
+        raise MissingStateError(
+            f"the checkpoint's data state is {'partial' if isinstance(slot, Mapping) and slot else 'empty'}"
+            f" ({slot!r:.80}), but it was written after {fetched} train batches: the position of the"
+            " train stream is unknown. The checkpoint was altered, or written by other code; resume from"
+            " one the callback wrote"
+        )
+
+
+def envelope_at(
+    owner: Owner, trainer: pl.Trainer, seed: int, batches: int, collective: bool, verify: bool
+) -> dict[str, Any]:
+    """The envelope of ``owner``'s state after ``batches`` batches of the trainer's epoch."""
+    complete = batches >= trainer.num_training_batches
+    at = SavePoint(
+        seed=seed,
+        epoch=trainer.current_epoch,
+        batches=batches,
+        complete=complete,
+        next_epoch=complete and resumes_in_next_epoch(trainer),
+        rank=trainer.global_rank,
+        world_size=trainer.world_size,
+        collective=collective,
+        verify=verify,
+    )
+    saved = owner.save(at)
+    if isinstance(saved, str):
+        return Envelope(None, reason=saved).to_dict()
+    complete = saved.finished if isinstance(saved, StreamState) else at.complete
+    return Envelope(saved, partial_accumulation=partial_accumulation(trainer, batches, complete)).to_dict()

@@ -20,6 +20,7 @@ from lightning_resumable.errors import (
     UnsupportedLoaderError,
 )
 from lightning_resumable.loader import make_resumable
+from lightning_resumable.validation import seed_validation_loaders
 
 __all__ = ["ResumableDataModule"]
 
@@ -77,12 +78,16 @@ class ResumableDataModule:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # The method the class resolves to, wherever the user defined it (this class or a base).
-        user_train_dataloader = getattr(cls, "train_dataloader", None)
-        if user_train_dataloader is None or user_train_dataloader is DataHooks.train_dataloader:
-            return
-        if not getattr(user_train_dataloader, _WRAPPED, False):
-            cls.train_dataloader = _resumable(user_train_dataloader)  # type: ignore[attr-defined]
+        _wrap(cls, "train_dataloader", _resumable)
+        _wrap(cls, "val_dataloader", _seeded_validation)
+
+
+def _wrap(cls: type, name: str, wrapper: Callable[[Callable[[Any], Any]], Callable[[Any], Any]]) -> None:
+    """Wrap the hook ``name`` the class resolves to, wherever the user defined it (this class or a base), once."""
+    user_hook = getattr(cls, name, None)
+    if user_hook is None or user_hook is getattr(DataHooks, name) or getattr(user_hook, _WRAPPED, False):
+        return
+    setattr(cls, name, wrapper(user_hook))
 
 
 def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -126,6 +131,24 @@ def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], A
 
     setattr(train_dataloader, _WRAPPED, True)
     return train_dataloader
+
+
+def _seeded_validation(user_val_dataloader: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``val_dataloader()``, each sample seeded by its index (`lightning_resumable.validation`) when the
+    trainer has the callback and it seeds samples; the loaders are the user's otherwise."""
+
+    @functools.wraps(user_val_dataloader)
+    def val_dataloader(self: ResumableDataModule) -> Any:
+        loaders = user_val_dataloader(self)
+        trainer = getattr(self, "trainer", None)
+        found = [] if trainer is None else trainer.callbacks
+        callbacks = [callback for callback in found if isinstance(callback, ResumableDataCallback)]
+        if len(callbacks) != 1 or not callbacks[0].seed_samples:
+            return loaders
+        return seed_validation_loaders(loaders, callbacks[0].shuffle_seed(trainer))  # type: ignore[arg-type]
+
+    setattr(val_dataloader, _WRAPPED, True)
+    return val_dataloader
 
 
 def _refuse_among_several(key: str, loader: object) -> None:

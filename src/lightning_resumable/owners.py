@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from lightning_resumable._torchdata import torchdata_version
 from lightning_resumable.combined import loader_position
 from lightning_resumable.contract import check_contract
-from lightning_resumable.errors import IncompatibleStateError
+from lightning_resumable.errors import IncompatibleStateError, WorldSizeChangedError
 from lightning_resumable.format import (
     GLOBAL_POSITION_ATTRIBUTE,
     Body,
@@ -39,15 +39,32 @@ from lightning_resumable.streams import StreamReader, state_for_rank
 from lightning_resumable.verification import all_gather_objects, check_first_stream_batches, digest_of
 from lightning_resumable.workers import retire_previous
 
-__all__ = ["LoaderOwner", "LoadersOwner", "Owner", "SavePoint", "StreamOwner", "WorldSizePolicy"]
+__all__ = ["LoaderOwner", "LoadersOwner", "Owner", "SavePoint", "StreamOwner", "WorldSizePolicy", "check_world_size"]
 
-WorldSizePolicy = Callable[[DataState, int, bool], None]
-"""The callback's world-size policy: ``(saved state, world size now, elastic)``; raises to refuse a change."""
+WorldSizePolicy = Callable[[int, int, bool, str], None]
+"""The callback's world-size policy, which every owner calls: ``(saved world size, world size now, elastic,
+where the state stands)``; raises to refuse a change."""
+
+
+def check_world_size(allowed: bool, saved_world_size: int, world_size: int, elastic: bool, where: str) -> None:
+    """The world-size policy, for every kind of train input (``allowed``: the callback's
+    ``allow_world_size_change``): an elastic resume is logged, or refused where it cannot be exact or
+    the user turned it off."""
+    if saved_world_size == world_size:
+        return
+    message = f"the checkpoint was written on {saved_world_size} processes and resumes on {world_size}, {where}"
+    if not elastic:
+        raise WorldSizeChangedError(message + "; several train loaders resume on the same world size only")
+    if not allowed:
+        raise WorldSizeChangedError(message + "; ResumableDataCallback(allow_world_size_change=False)")
+    rank_zero_info(f"lightning_resumable: {message}; the rest of the epoch is split across the new ranks")
+
 
 STREAM_OFF_PATH = (
-    "it was written from an exception or signal path (OnExceptionCheckpoint, SIGTERM, SLURM requeue), where the"
-    " ranks cannot exchange their stream positions without risking a deadlock, and a stream's position is per"
-    " rank. Resume from a checkpoint written during training (ModelCheckpoint)"
+    "it was written from an exception path (OnExceptionCheckpoint after an error), where the ranks cannot"
+    " exchange their stream positions without risking a deadlock, and a stream's position is per rank (a"
+    " preemption by SIGTERM or SLURM's requeue signal is captured by every rank together and resumes). Resume"
+    " from a checkpoint written during training (ModelCheckpoint)"
 )
 
 
@@ -57,12 +74,15 @@ class SavePoint:
 
     ``collective``: every rank saves in step (a ``ModelCheckpoint``), so they may exchange their
     parts; ``False`` on an exception or signal path, where no rank may wait for another.
+    ``complete``: the epoch's batches are all trained; ``next_epoch``: and Lightning's loop resumes
+    in the next epoch (else it first ends this one, and the state says this epoch, complete).
     """
 
     seed: int
     epoch: int
     batches: int
     complete: bool
+    next_epoch: bool
     rank: int
     world_size: int
     collective: bool
@@ -117,6 +137,10 @@ class Owner(ABC):
         """At the end of the fit: end the loaders' workers (none may outlive the fit)."""
 
 
+def _where(state: DataState) -> str:
+    return f"at epoch {state.epoch}, global position {state.position}"
+
+
 def _kind_of(saved: Body) -> str:
     if isinstance(saved, StreamState):
         return "stream"
@@ -140,7 +164,7 @@ class LoaderOwner(Owner):
         self.refuse_other_kind(saved)
         assert isinstance(saved, LoaderState)
         world_size = self.sampler.num_replicas
-        world_size_policy(saved.state, world_size, True)
+        world_size_policy(saved.state.world_size, world_size, True, _where(saved.state))
         if saved.state.world_size != world_size:
             self.resized_epoch = saved.state.epoch  # counted in the old units: rebuilt at its end
         self.owned.restore(saved, verify)
@@ -190,7 +214,8 @@ class LoadersOwner(Owner):
                 f" {sorted(self.owned)} in {self.mode} mode"
             )
         for key in sorted(self.owned):
-            world_size_policy(saved.loaders[key].state, self.owned[key].sampler.num_replicas, False)
+            state = saved.loaders[key].state
+            world_size_policy(state.world_size, self.owned[key].sampler.num_replicas, False, _where(state))
             self.owned[key].restore(saved.loaders[key], verify)
 
     def start_fresh(self, epoch: int) -> None:
@@ -248,6 +273,9 @@ class StreamOwner(Owner):
                 f"the checkpoint's stream was read by {saved.reader}'s loader, and the train loader is now"
                 f" {self.loader.reader}'s"
             )
+        if saved.global_position:  # else state_for_rank refuses another world size, saying why
+            where = f"at epoch {saved.epoch}, after {saved.batches} batches of its stream"
+            world_size_policy(saved.world_size, self.world_size, True, where)
         state = state_for_rank(saved, self.rank, self.world_size, self.loader.num_workers)  # refuses another layout
         if saved.finished:  # every rank had read its whole stream: the resume starts the next epoch
             self.loader.start_epoch(saved.epoch + 1)
@@ -271,7 +299,7 @@ class StreamOwner(Owner):
         pass  # the loader asks the trainer for its epoch at each iter()
 
     def save(self, at: SavePoint) -> StreamState | str:
-        if not at.collective:
+        if not at.collective and at.world_size > 1:  # one process waits for no other
             return STREAM_OFF_PATH
         check_contract(self.loader, owned=(self.loader.dataset,))
         loader, batches = self.loader, at.batches
@@ -296,7 +324,10 @@ class StreamOwner(Owner):
         if self.resumes_at is None:
             return 0
         (epoch, stream_batches), self.resumes_at = self.resumes_at, None
-        if epoch != trainer.current_epoch or stream_batches not in (None, batches):
+        # A stream read to its end resumes in the next epoch, or at the end of its own where Lightning's loop
+        # ends that epoch first (a checkpoint of the validation after its last batch): nothing is read there.
+        ending = stream_batches is None and trainer.current_epoch == epoch - 1
+        if not ending and (epoch != trainer.current_epoch or stream_batches not in (None, batches)):
             raise IncompatibleStateError(
                 f"the stream state resumes epoch {epoch} after {stream_batches or 0} batches but the trainer"
                 f" resumes epoch {trainer.current_epoch} after {batches}"

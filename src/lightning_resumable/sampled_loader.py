@@ -112,7 +112,7 @@ class SampledLoader:
         """
         check_contract(self.loader, owned=(self.sampler,))
         sampler = self.sampler
-        if at.complete:
+        if at.next_epoch:
             # The resume starts the next epoch (Lightning does the same).
             state = replace(sampler.data_state(), epoch=sampler.epoch + 1, position=0, batches=0, cycle=0)
         elif cycle is not None and cycle != sampler.cycle:

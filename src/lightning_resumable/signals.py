@@ -99,10 +99,19 @@ class DeferredSignals:
 
 class HeldPreemption:
     """Lightning's preemption signals, held from the train start to its end under DDP and acted on at
-    the end of a batch, on every rank at once (`DeferredSignals`; what acting means: `_lightning`)."""
+    the end of a batch, on every rank at once (`DeferredSignals`; what acting means: `_lightning`).
+
+    Inside a gradient accumulation window the ranks agree on a signal at once but act on it at the
+    window's end (at most ``accumulate_grad_batches - 1`` batches later), where a checkpoint resumes
+    exactly. Before acting they capture the complete data state together (every rank's stream state and
+    next-batch digest), which the save from the exception path then writes without any collective.
+    """
 
     def __init__(self) -> None:
         self._signals: DeferredSignals | None = None
+        self._agreed: set[int] = set()  # agreed on, held for the end of the accumulation window
+        self._received_here: set[int] = set()
+        self._held = 0  # batches a signal has been held for
 
     def hold(self, trainer: pl.Trainer) -> None:
         if trainer.world_size > 1 and self._signals is None:
@@ -110,24 +119,43 @@ class HeldPreemption:
             if signals.install():
                 self._signals = signals
 
-    def act(self, trainer: pl.Trainer) -> None:
-        """At the end of a training batch, where every rank is (collective when held)."""
+    def act(self, trainer: pl.Trainer, at_boundary: bool, capture: Callable[[], None]) -> None:
+        """At the end of a training batch, where every rank is (collective when held); ``at_boundary``: the
+        batch ended an accumulation window; ``capture``: takes the data state, collectively, before acting."""
         if self._signals is None:
             return
-        received_here = self._signals.received
-        for signum in sorted(self._signals.agree(trainer.strategy.root_device)):
+        self._received_here |= self._signals.received
+        self._agreed |= self._signals.agree(trainer.strategy.root_device)
+        if not self._agreed:
+            return
+        if not at_boundary:
+            if not self._held:
+                rank_zero_info(
+                    "lightning_resumable: a preemption signal is held until the end of the gradient accumulation"
+                    f" window (accumulate_grad_batches={trainer.accumulate_grad_batches}), where a checkpoint resumes"
+                    " exactly"
+                )
+            self._held += 1
+            return
+        if self._held:
+            rank_zero_info(f"lightning_resumable: the preemption signal was held for {self._held} batch(es)")
+        agreed, received_here = sorted(self._agreed), self._received_here
+        self._agreed, self._received_here, self._held = set(), set(), 0
+        capture()
+        for signum in agreed:
             handle_preemption_signal(trainer, signum, signum in received_here, self._signals.previous(signum))
 
     def release(self, trainer: pl.Trainer) -> None:
-        """Give the signals back to Lightning; one received after the last batch only marks a SIGTERM
-        (the fit is ending: no rank waits for the others any more)."""
+        """Give the signals back to Lightning; one received after the last batch, or held in a window the
+        fit ended in, only marks a SIGTERM (the fit is ending: no rank waits for the others any more)."""
         if self._signals is None:
             return
         signals, self._signals = self._signals, None
-        for signum in signals.uninstall():
+        for signum in sorted(signals.uninstall() | self._agreed):
             rank_zero_info(f"signal {signum} arrived after the last training batch; the fit ends as it would")
             if signum == signal.SIGTERM:
                 handle_preemption_signal(trainer, signum, True, signals.previous(signum))
+        self._agreed, self._received_here, self._held = set(), set(), 0
 
 
 class LeaveSigtermToRank:

@@ -69,6 +69,13 @@ class Scenario:
     ``dict`` (the same two loaders as a plain dict, which Lightning combines in ``max_size_cycle``
     mode). ``resume_num_workers`` resumes with another number of workers. ``stop_batch_override``
     stops at that batch instead of the default.
+    ``in_validation`` saves inside the validation after the stop batch, after its second batch.
+    ``monitor`` adds ``ModelCheckpoint(monitor="val_loss")``, a ``ModelCheckpoint`` of the newest and
+    ``EarlyStopping``: a ``validation`` stop then resumes from the checkpoint the newest one wrote at the
+    stop batch's validation, the run killed at the next training batch; each run records what they chose.
+    ``strategy`` is ``ddp``, ``model_parallel`` (``ModelParallelStrategy``, FSDP2's ``fully_shard`` in
+    ``configure_model``, a full checkpoint) or ``model_parallel_sharded`` (the same with a distributed,
+    sharded checkpoint: a directory).
     """
 
     world_size: int
@@ -99,6 +106,13 @@ class Scenario:
     evaluate_after_fit: bool = False
     resume_drop_last: bool | None = None
     hf_shuffle_buffer: int = 0
+    val_check_interval: float = 2
+    check_val_every_n_epoch: int | None = 1
+    max_steps: int = -1
+    val_size: int = 8
+    limit_val_batches: int = 1
+    monitor: bool = False
+    strategy: str = "ddp"
 
     @property
     def batches_per_epoch(self) -> int:
@@ -119,19 +133,23 @@ class Scenario:
             return self.stop_batch_override
         if self.stop_kind == "last_batch":
             return self.batches_per_epoch - 1
-        if self.stop_kind == "validation":
+        if self.stop_kind in ("validation", "in_validation"):
             return 1  # validation runs after every second batch (val_check_interval=2)
         return min(2, self.batches_per_epoch - 2)  # strictly inside the epoch, never its last batch
 
     def data_key(self) -> Scenario:
         """The scenario with everything that cannot change the uninterrupted stream normalised."""
         persistent = self.persistent_workers and self.num_workers > 0
+        # A distributed checkpoint is another file layout of the same training.
+        strategy = "model_parallel" if self.strategy == "model_parallel_sharded" else self.strategy
         # The library reads a stream through its own loader, whichever class the user returned.
         loader = "DataLoader" if self.data in ("stream", "hf", "mosaic") and self.resumable else self.loader
         return replace(
             self,
             loader=loader,
+            strategy=strategy,
             stop_kind="batch_end",
+            stop_epoch=1,
             estimated_stepping_batches=False,  # changes when loaders are built, not what they yield
             resume_world_size=None,
             resume_num_workers=None,
@@ -217,8 +235,7 @@ def _config(scenario: Scenario, phase: str, run_dir: Path, checkpoint: Path, wor
         checkpoint=str(checkpoint),
         world_size=world_size,
         first_world_size=scenario.world_size,  # the world size before a resume on another one
-        val_check_interval=2,
-        stop={"kind": scenario.stop_kind, "epoch": scenario.stop_epoch, "batch": scenario.stop_batch},
+        stop={"kind": scenario.stop_kind, "epoch": scenario.stop_epoch, "batch": scenario.stop_batch, "val_batch": 1},
     )
     return config
 
@@ -267,6 +284,17 @@ def read_records(run_dir: Path, phase: str, world_size: int) -> Records:
     return records
 
 
+def read_validations(run_dir: Path, phase: str, world_size: int) -> Records:
+    """Per rank, the validations a phase completed: global step, epoch, batches, ``val_loss`` (bits)."""
+    return read_records(run_dir, phase + ".val", world_size)
+
+
+def read_choices(run_dir: Path, phase: str, world_size: int) -> dict[int, dict[str, Any] | None]:
+    """Per rank, what ``ModelCheckpoint(monitor=...)`` and ``EarlyStopping`` held at the fit's end."""
+    paths = {rank: run_dir / f"{phase}.choices.rank{rank}.json" for rank in range(world_size)}
+    return {rank: json.loads(path.read_text()) if path.exists() else None for rank, path in paths.items()}
+
+
 @dataclass
 class Outcome:
     scenario: Scenario
@@ -302,6 +330,32 @@ class Outcome:
                     break
             if len(expected) != len(actual):
                 problems.append(f"rank {rank}: expected {len(expected)} steps, got {len(actual)}")
+        return problems
+
+    def validation_mismatches(self, runner: Runner) -> list[str]:
+        """Per rank, where the validations of the stopped and the resumed run differ from the uninterrupted
+        run's (global step, epoch, batches seen, ``val_loss`` bits), and where ``ModelCheckpoint`` and
+        ``EarlyStopping`` chose otherwise at the end of the fit."""
+        full, stopped, resumed = runner.validations(self.scenario)
+        problems = []
+        for rank, expected in full.items():
+            actual = stopped[rank] + resumed[rank]
+            if not expected:
+                problems.append(f"rank {rank}: the uninterrupted run validated nothing")
+            for index, (want, got) in enumerate(zip(expected, actual, strict=False)):
+                if want != got:
+                    problems.append(f"rank {rank} validation {index} differs: expected {want}, got {got}")
+                    break
+            if len(expected) != len(actual):
+                steps = [entry["step"] for entry in actual]
+                problems.append(
+                    f"rank {rank}: expected {len(expected)} validations at steps {[e['step'] for e in expected]},"
+                    f" got {len(actual)} at {steps}"
+                )
+        full_choices, resumed_choices = runner.choices(self.scenario)
+        for rank, want in full_choices.items():
+            if want != resumed_choices.get(rank):
+                problems.append(f"rank {rank}: at the end, expected {want}, got {resumed_choices.get(rank)}")
         return problems
 
     def differing_fields(self) -> set[str]:
@@ -341,6 +395,30 @@ class Runner:
             run_dir = self.root / key.label()
             self._stopped[key] = run_phase(key, "stop", run_dir, self.checkpoint(key))
         return self._stopped[key]
+
+    def _phase_dirs(self, scenario: Scenario) -> tuple[tuple[Path, str], tuple[Path, str], tuple[Path, str]]:
+        world_size = scenario.resume_world_size or scenario.world_size
+        return (
+            (self.root / ("full-" + scenario.data_key().label()), "full"),
+            (self.root / scenario.stop_key().label(), "stop"),
+            (self.root / scenario.label(), f"resume-on-{world_size}-attempt1"),
+        )
+
+    def validations(self, scenario: Scenario) -> tuple[Records, Records, Records]:
+        """The validations of the scenario's uninterrupted, stopped and (first) resumed run."""
+        self.run(scenario)
+        sizes = (scenario.world_size, scenario.world_size, scenario.resume_world_size or scenario.world_size)
+        full, stopped, resumed = (
+            read_validations(run_dir, phase, size)
+            for (run_dir, phase), size in zip(self._phase_dirs(scenario), sizes, strict=True)
+        )
+        return full, stopped, resumed
+
+    def choices(self, scenario: Scenario) -> tuple[dict[int, Any], dict[int, Any]]:
+        """What the uninterrupted and the resumed run's monitoring callbacks chose (``None`` without them)."""
+        (full_dir, full_phase), _, (resumed_dir, resumed_phase) = self._phase_dirs(scenario)
+        size = scenario.resume_world_size or scenario.world_size
+        return read_choices(full_dir, full_phase, scenario.world_size), read_choices(resumed_dir, resumed_phase, size)
 
     def checkpoint(self, scenario: Scenario) -> Path:
         return self.root / scenario.stop_key().label() / "stop.ckpt"

@@ -35,6 +35,7 @@ def config(run: Path, phase: str, **extra: Any) -> Path:
         "out_dir": str(run),
         "checkpoint": str(run / "unused.ckpt"),
         "stop": {"kind": "none", "epoch": -1, "batch": -1},
+        "val_check_interval": 1.0,
         "audit_dir": str(run / "audit"),
         "checkpoint_every": CHECKPOINT_EVERY,
         "checkpoint_dir": str(run / "checkpoints"),

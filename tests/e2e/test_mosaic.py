@@ -90,3 +90,16 @@ def test_a_run_on_two_processes_resumes_on_one_at_the_same_global_batch(mosaic_r
     resumed = global_steps(mosaic_runner.resumed(scenario))
     assert list(stopped) + list(resumed) == list(full)
     assert {**stopped, **resumed} == full
+
+
+def test_a_resume_on_another_world_size_is_refused_when_the_callback_forbids_it(mosaic_runner: Runner) -> None:
+    """``ResumableDataCallback(allow_world_size_change=False)`` holds for a stream whose position is
+    global (Mosaic's), as for a map-style loader: 2 -> 1 processes is refused on the resume, naming the
+    option, before any step trains."""
+    options = (("allow_world_size_change", False),)
+    scenario = replace(EXACT[1], resume_world_size=1, callback_options=options)
+    mosaic_runner.stopped(scenario)
+    resumed = mosaic_runner.resumed(scenario, expect_failure=True)
+    assert resumed == {0: []}
+    log = (mosaic_runner.root / scenario.label() / "resume-on-1-attempt1.log").read_text()
+    assert "WorldSizeChangedError" in log and "allow_world_size_change=False" in log, log[-3000:]

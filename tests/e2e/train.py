@@ -22,6 +22,7 @@ import json
 import os
 import random
 import re
+import signal
 import sys
 import threading
 import time
@@ -34,7 +35,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import (
     DataLoader,
@@ -294,15 +295,19 @@ def stop_now(trainer: L.Trainer, checkpoint: str) -> None:
 
 
 class StepRecorder(L.Callback):
-    """Records each completed step; runs before StopAt so the step that triggers a stop is recorded."""
+    """Records each completed step, and each completed validation (its global step, epoch, batches and
+    ``val_loss`` bits); runs before StopAt so the step that triggers a stop is recorded."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.recorder: Recorder | None = None
+        self.validations: Recorder | None = None
+        self.val_batches = 0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         out_dir = Path(self.config["out_dir"])
         self.recorder = Recorder(out_dir / f"{self.config['phase']}.rank{trainer.global_rank}.jsonl")
+        self.validations = Recorder(out_dir / f"{self.config['phase']}.val.rank{trainer.global_rank}.jsonl")
         # A test aims a signal at one rank: each rank says which process it is.
         (out_dir / f"{self.config['phase']}.rank{trainer.global_rank}.pid").write_text(str(os.getpid()))
 
@@ -322,12 +327,55 @@ class StepRecorder(L.Callback):
             record["level"] = batch[1][:, 0].floor_divide(10).int().tolist()
         self.recorder.write(record)
 
+    def on_validation_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        self.val_batches = 0
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any, **kwargs: Any) -> None:
+        self.val_batches += 1
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if self.validations is None or trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        loss = trainer.callback_metrics.get("val_loss")
+        self.validations.write(
+            {
+                "step": trainer.global_step,
+                "epoch": trainer.current_epoch,
+                "batches": self.val_batches,
+                "val_loss": None if loss is None else loss.item(),
+            }
+        )
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        """What the monitoring callbacks chose: the best checkpoint and score, EarlyStopping's count."""
+        choices: dict[str, Any] = {}
+        for callback in trainer.callbacks:  # type: ignore[attr-defined]
+            if isinstance(callback, ModelCheckpoint) and callback.monitor is not None:
+                score = callback.best_model_score
+                choices["best"] = [Path(callback.best_model_path).name, None if score is None else score.item()]
+            if isinstance(callback, EarlyStopping):
+                best = callback.best_score
+                choices["early_stopping"] = [callback.wait_count, best.item(), callback.stopped_epoch]
+        if choices:
+            out = Path(self.config["out_dir"]) / f"{self.config['phase']}.choices.rank{trainer.global_rank}.json"
+            out.write_text(json.dumps(choices))
+
 
 class Model(L.LightningModule):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
         self.config = config
         self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+
+    def configure_model(self) -> None:
+        if not self.config.get("strategy", "ddp").startswith("model_parallel"):
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]  # FSDP2 over the data-parallel ranks, on gloo
+        for layer in (self.net[0], self.net[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(self.net, mesh=mesh)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         stop = self.config["stop"]
@@ -342,6 +390,8 @@ class Model(L.LightningModule):
         ):
             stop_now(self.trainer, self.config["checkpoint"])
         time.sleep(self.config.get("step_seconds", 0))  # a slower step, where a test aims a kill
+        if self.config["phase"] == "preempt" and self.config.get("sigterm_at") == [self.current_epoch, batch_idx]:
+            os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice arriving during this step, on every rank
         if self.config.get("hang_rank") == self.global_rank:  # a hung rank, for the harness's timeout test
             hang_forever()
         parts = list(batch.values()) if isinstance(batch, dict) else [batch]
@@ -361,7 +411,10 @@ class Model(L.LightningModule):
         return self.net(batch[1])
 
     def configure_optimizers(self) -> Any:
-        optimizer = torch.optim.SGD(self.parameters(), lr=0.01)
+        # Under ModelParallelStrategy an optimizer with state: Lightning 2.6 cannot load a full checkpoint of
+        # one without (``_rekey_optimizer_state_if_needed`` indexes the first state entry).
+        momentum = 0.9 if self.config.get("strategy", "ddp").startswith("model_parallel") else 0.0
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.01, momentum=momentum)
         if not self.config.get("estimated_stepping_batches"):
             return optimizer
         # Runs setup_data before the checkpoint is restored (Lightning #20550). The schedule keeps the
@@ -510,7 +563,7 @@ class PlainData(L.LightningDataModule):
         return loader_type(stream, batch_size=self.config["batch_size"], num_workers=workers, collate_fn=collate)
 
     def val_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(IdDataset(8), batch_size=4)
+        return DataLoader(IdDataset(self.config.get("val_size", 8)), batch_size=4)
 
     test_dataloader = val_dataloader
     predict_dataloader = val_dataloader
@@ -531,22 +584,45 @@ class SetStreamEpoch(L.Callback):
 
 
 class StopAt(L.Callback):
-    """Saves a checkpoint at the configured point of the ``stop`` phase and ends the process."""
+    """Saves a checkpoint at the configured point of the ``stop`` phase and ends the process.
+
+    With ``monitor``, ModelCheckpoint writes the checkpoint at the stop batch's validation (its ``last``,
+    which the resume reads), and the process ends at the next training batch or epoch end, as a kill
+    after the checkpoint would."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.kind = config["stop"]["kind"]
         self.target = (config["stop"]["epoch"], config["stop"]["batch"])
+        self.val_batch = config["stop"].get("val_batch", 1)
         self.checkpoint = config["checkpoint"]
+        self.monitor = bool(config.get("monitor"))
         self.last_batch: tuple[int, int] | None = None
+        self.validated = False
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if self.validated:
+            os._exit(0)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if self.validated:
+            os._exit(0)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.last_batch = (trainer.current_epoch, batch_idx)
         if self.kind in ("batch_end", "last_batch") and self.last_batch == self.target:
             stop_now(trainer, self.checkpoint)
 
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.kind == "in_validation" and self.last_batch == self.target and batch_idx == self.val_batch:
+            stop_now(trainer, self.checkpoint)
+
     def on_validation_end(self, trainer: L.Trainer, pl_module: Any) -> None:
         if self.kind == "validation" and self.last_batch == self.target:
-            stop_now(trainer, self.checkpoint)
+            if not self.monitor:
+                stop_now(trainer, self.checkpoint)
+            self.validated = True  # ModelCheckpoint saves after this callback: end at the next batch
 
 
 def evaluate_after_fit(
@@ -598,24 +674,43 @@ def main(config_path: str) -> None:
                 save_top_k=-1,
             )
         )
+    if config.get("monitor"):  # as a user keeps the best model and stops early on val_loss
+        best = ModelCheckpoint(dirpath=config["out_dir"], filename="best-{step}", monitor="val_loss", save_top_k=1)
+        # The newest checkpoint, written at every validation's end: in the stopped run, the one the resume reads.
+        newest = Path(config["checkpoint"]).stem if config["phase"] == "stop" else "newest"
+        newest_checkpoint = ModelCheckpoint(dirpath=config["out_dir"], filename=newest, enable_version_counter=False)
+        callbacks += [best, newest_checkpoint, EarlyStopping(monitor="val_loss", patience=1000, check_finite=False)]
     if config.get("evaluate_after_fit"):  # "best" is the best of this fit's checkpoints
         callbacks.append(ModelCheckpoint(dirpath=Path(config["out_dir"]) / "best", filename="best-{step}"))
     world_size, num_nodes = config["world_size"], config.get("num_nodes", 1)
+    strategy: Any = "ddp" if world_size > 1 else "auto"
+    if config.get("strategy", "ddp").startswith("model_parallel"):
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        sharded = config["strategy"] == "model_parallel_sharded"  # a distributed checkpoint: a directory
+        strategy = ModelParallelStrategy(
+            data_parallel_size=world_size, tensor_parallel_size=1, save_distributed_checkpoint=sharded
+        )
     trainer_options: dict[str, Any] = dict(
         accelerator="cpu",
         devices=world_size // num_nodes,
         num_nodes=num_nodes,
-        strategy="ddp" if world_size > 1 else "auto",
+        strategy=strategy,
         max_epochs=config["epochs"],
+        max_steps=config.get("max_steps", -1),
         deterministic=True,
         callbacks=callbacks,
         val_check_interval=config.get("val_check_interval", 1.0),
+        check_val_every_n_epoch=config.get("check_val_every_n_epoch", 1),
         accumulate_grad_batches=config.get("accumulate", 1),
-        limit_val_batches=1,
+        limit_val_batches=config.get("limit_val_batches", 1),
         num_sanity_val_steps=0,
         logger=False,
         enable_checkpointing=bool(
-            checkpoint_every or config.get("on_exception_checkpoint") or config.get("evaluate_after_fit")
+            checkpoint_every
+            or config.get("on_exception_checkpoint")
+            or config.get("evaluate_after_fit")
+            or config.get("monitor")
         ),
         enable_progress_bar=False,
         enable_model_summary=False,
