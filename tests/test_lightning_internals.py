@@ -145,3 +145,93 @@ def test_fabric_still_sets_the_epoch_of_each_pass_from_the_count_restore_loader_
     list(loader)
     list(loader)
     assert epochs == [4, 5]
+
+
+class _Saves(L.Callback):
+    """Saves a checkpoint at each named point of a 1-process fit: after batch 2's on_train_batch_end (a
+    validation follows, val_check_interval=3), after batch 0's (none follows), inside the validation
+    after batch 2, and at its end."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        batch_idx = args[-1]
+        if trainer.current_epoch == 0 and batch_idx in (0, 2):
+            trainer.save_checkpoint(self.directory / f"batch_end_{batch_idx}.ckpt")
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_step == 3 and not trainer.sanity_checking:
+            trainer.save_checkpoint(self.directory / "inside.ckpt")
+
+    def on_validation_end(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_step == 3 and not trainer.sanity_checking:
+            trainer.save_checkpoint(self.directory / "at_end.ckpt")
+
+
+def _fit_with_validations(tmp_path: Path, callbacks: list[L.Callback], ckpt_path: Path | None = None) -> list[int]:
+    """A 1-process fit of 6 batches validating every 3; the global steps of its validations."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from lightning_resumable import ResumableDataCallback, ResumableDataModule
+
+    steps: list[int] = []
+
+    class Model(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch.float().unsqueeze(1)).sum()
+
+        def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+            pass
+
+        def on_validation_end(self) -> None:
+            steps.append(self.trainer.global_step)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Data(ResumableDataModule, L.LightningDataModule):
+        def train_dataloader(self) -> DataLoader[int]:
+            return DataLoader(list(range(12)), batch_size=2)  # type: ignore[arg-type]
+
+        def val_dataloader(self) -> DataLoader[int]:
+            return DataLoader(list(range(4)), batch_size=2)  # type: ignore[arg-type]
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        val_check_interval=3,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=[ResumableDataCallback(), *callbacks],
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(Model(), Data(), ckpt_path=ckpt_path)
+    return steps
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "validations"),
+    [
+        ("batch_end_0.ckpt", [3, 6]),  # none due after batch 0
+        ("batch_end_2.ckpt", [3, 6]),  # the validation after batch 2 first (Lightning skipped it)
+        ("inside.ckpt", [3, 6]),  # that validation again, whole (Lightning skipped it)
+        ("at_end.ckpt", [6]),  # complete: not again
+    ],
+)
+def test_lightnings_restart_runs_a_validation_written_as_restarted_before_its_first_batch(
+    tmp_path: Path, checkpoint: str, validations: list[int]
+) -> None:
+    """The loop-progress keys and restart stages `validation_resumes_from_its_start` writes for, read by
+    Lightning's own restart (``_TrainingEpochLoop.advance``, ``_EvaluationLoop.restarted_mid_evaluation``)."""
+    assert _fit_with_validations(tmp_path / "full", [_Saves(tmp_path)]) == [3, 6]
+    assert _fit_with_validations(tmp_path / "resumed", [], tmp_path / checkpoint) == validations

@@ -80,10 +80,11 @@ class NoTrainerError(ResumeError):
 
 
 class LateRestoreError(ResumeError):
-    """Lightning restored the data state after the train loader was built and iterated.
+    """The data state was restored after training from the train loader had started.
 
-    The position can only be applied before the loader's iterator exists; a strategy that restores
-    checkpoints after building the loaders cannot be resumed exactly.
+    A loader built before the restore (a strategy that restores after ``setup``, with
+    ``estimated_stepping_batches``) has trained nothing and is built again; one already trained from
+    cannot be repositioned.
     """
 
 
