@@ -190,3 +190,30 @@ def test_validating_a_checkpoint_without_data_state_is_allowed(tmp_path: Path) -
             return DataLoader(TensorDataset(torch.zeros(2, 1)), batch_size=2)
 
     trainer(tmp_path, [ResumableDataCallback()]).validate(Validating(), ckpt_path=path)
+
+
+def test_a_reloaded_train_loader_retires_the_last_ones_workers_before_its_own_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``reload_dataloaders_every_n_epochs=1`` builds a new loader each epoch; the last one's iterator was
+    left to the garbage collector, which reached it right after the new workers forked, and its workers
+    then took the join's full timeout to end (about 5 s each: benchmarks/reload_cost.py)."""
+    from lightning_resumable import owners
+
+    events: list[str] = []
+    retire = owners.LoaderOwner.retire_workers
+    monkeypatch.setattr(owners.LoaderOwner, "retire_workers", lambda self: events.append("retired") or retire(self))
+
+    class Reloaded(Data):
+        def train_dataloader(self) -> DataLoader[Any]:
+            events.append("built")
+            return DataLoader(TensorDataset(torch.arange(8.0).unsqueeze(1)), batch_size=2, num_workers=1)
+
+    trainer(tmp_path, [ResumableDataCallback()], max_epochs=3, reload_dataloaders_every_n_epochs=1).fit(
+        Model(), Reloaded()
+    )
+    # Each loader after the first is built by the user's code, then the last one's workers are retired,
+    # before the new one is iterated; the last loader's workers end with the fit.
+    order = "".join(event[0] for event in events)
+    assert order.count("b") == 3 and all(order[at + 1] == "r" for at in range(1, len(order)) if order[at] == "b"), order
+    assert order.endswith("r"), order

@@ -163,6 +163,8 @@ class ResumableDataCallback(pl.Callback):
         self._take(LoadersOwner(loaders, mode, self.shuffle_seed(self._trainer)), current_epoch)
 
     def _take(self, owner: Owner, current_epoch: int) -> None:
+        if self._owner is not None:  # a reload: the last loader's workers end before the new ones fork
+            self._owner.retire_workers()
         self._owner, restored, self._pending = owner, self._pending, None
         if restored is None:
             owner.start_fresh(current_epoch)

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from . import train
 from .harness import Runner, Scenario
+from .preemption import preempt_and_resume
 
 if importlib.util.find_spec("streaming") is None:
     pytest.skip("MosaicML Streaming is not installed", allow_module_level=True)
@@ -103,3 +105,10 @@ def test_a_resume_on_another_world_size_is_refused_when_the_callback_forbids_it(
     assert resumed == {0: []}
     log = (mosaic_runner.root / scenario.label() / "resume-on-1-attempt1.log").read_text()
     assert "WorldSizeChangedError" in log and "allow_world_size_change=False" in log, log[-3000:]
+
+
+def test_a_preempted_mosaic_stream_ends_and_resumes_exactly(mosaic_runner: Runner, tmp_path: Path) -> None:
+    """A data library's stream under preemption: SIGTERM to every rank, ``OnExceptionCheckpoint``, 2
+    workers; the ranks capture Mosaic's state where they act on the signal, and the resume is exact."""
+    (tmp_path / train.MOSAIC_DIR).symlink_to(mosaic_runner.root / train.MOSAIC_DIR)  # the run reads shards beside it
+    preempt_and_resume(mosaic_runner, tmp_path / "run", EXACT[1], "every rank")

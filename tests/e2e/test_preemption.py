@@ -8,7 +8,6 @@ they act on the signal), and inside a gradient accumulation window (the signal i
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -16,115 +15,33 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from . import processes
-from .harness import FIELDS, RUN_TIMEOUT_S, TRAIN_SCRIPT, Records, Runner, Scenario, read_records
+from .harness import RUN_TIMEOUT_S, TRAIN_SCRIPT, Runner, Scenario, read_records
+from .preemption import (
+    PREEMPTION_TIMEOUT_S,
+    SIGNAL_AT_STEP,
+    SIGNALLED,
+    STEP_SECONDS,
+    before,
+    config,
+    launch,
+    preempt_and_resume,
+    rank_pids,
+    resume_and_compare,
+    saved_position,
+    steps_of,
+    wait_for_steps,
+)
 
 PREEMPTED = Scenario(world_size=2, num_workers=2, dataset_size=96, epochs=2)
 """12 batches per rank and epoch; the signal lands in epoch 0 or 1, mid-epoch."""
 STREAMED = {workers: Scenario(world_size=2, num_workers=workers, data="stream", epochs=3) for workers in (0, 2)}
 """A user's stream sharded by rank and worker (`train.ShardedStream`): 6 batches per rank and epoch."""
-STEP_SECONDS = 0.05
-SIGNAL_AT_STEP = {"map": 16, "stream": 8}
-PREEMPTION_TIMEOUT_S = 120
-
-
-def config(run: Path, phase: str, scenario: Scenario = PREEMPTED, **extra: Any) -> Path:
-    values = {
-        **asdict(scenario),
-        "phase": phase,
-        "out_dir": str(run),
-        "checkpoint": str(run / "on_exception.ckpt"),
-        "stop": {"kind": "none", "epoch": -1, "batch": -1},
-        "val_check_interval": 1.0,
-        "on_exception_checkpoint": True,
-        **extra,
-    }
-    path = run / f"{phase}.json"
-    path.write_text(json.dumps(values))
-    return path
-
-
-def launch(run: Path, phase: str, scenario: Scenario = PREEMPTED, **extra: Any) -> subprocess.Popen[bytes]:
-    run.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(TRAIN_SCRIPT), str(config(run, phase, scenario, **extra))]
-    return processes.launch(command, run / f"{phase}.log", run, {**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def wait_for_steps(process: subprocess.Popen[bytes], run: Path, steps: int) -> None:
-    """Poll rank 0's step records until it has trained ``steps`` steps."""
-    records, deadline = run / "preempt.rank0.jsonl", time.monotonic() + RUN_TIMEOUT_S
-    while not records.exists() or len(records.read_text().splitlines()) < steps:
-        assert process.poll() is None, f"the run ended early: {(run / 'preempt.log').read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"step {steps} not reached in {RUN_TIMEOUT_S} s"
-        time.sleep(0.01)  # polling a file, not waiting out a race
-
-
-def rank_pids(run: Path) -> list[int]:
-    return [int((run / f"preempt.rank{rank}.pid").read_text()) for rank in range(PREEMPTED.world_size)]
-
-
-def saved_position(checkpoint: Path) -> tuple[int, int]:
-    """(epoch, batches completed) the checkpoint's data state resumes after (a loader's, or a stream's)."""
-    envelope = torch.load(checkpoint, weights_only=True)["callbacks"]["ResumableDataCallback"]
-    assert "state" in envelope, f"the checkpoint holds no data state: {envelope}"
-    state = envelope["state"].get("train", envelope["state"])
-    return state["epoch"], state["batches"]
-
-
-def before(records: Records, position: tuple[int, int]) -> Records:
-    """Each rank's steps before ``position``: a rank may have run one step past the checkpoint's."""
-    return {
-        rank: [step for step in steps if (step["epoch"], step["batch"]) < position] for rank, steps in records.items()
-    }
-
-
-def steps_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What each step trained and computed: ids, augmentation values, loss bits."""
-    return [{field: step[field] for field in FIELDS if field in step} for step in records]
-
-
-SIGNALLED = {
-    "every rank": lambda run, process: [os.kill(pid, signal.SIGTERM) for pid in rank_pids(run)],
-    "rank 0": lambda run, process: os.kill(rank_pids(run)[0], signal.SIGTERM),
-    "rank 1": lambda run, process: os.kill(rank_pids(run)[1], signal.SIGTERM),  # Lightning alone: rank 0 waits
-    "the process group": lambda run, process: os.killpg(process.pid, signal.SIGTERM),
-}
-
-
-def preempt_and_resume(runner: Runner, run: Path, scenario: Scenario, target: str) -> None:
-    """Signal ``target`` mid-run; the run must end with a checkpoint that resumes exactly."""
-    full = runner.full(scenario)
-    process = launch(run, "preempt", scenario, step_seconds=STEP_SECONDS)
-    wait_for_steps(process, run, SIGNAL_AT_STEP[scenario.data])
-    SIGNALLED[target](run, process)
-    processes.wait_tree(process, PREEMPTION_TIMEOUT_S, f"the run after a SIGTERM to {target}", run, run / "preempt.log")
-    checkpoint = run / "on_exception.ckpt"
-    assert checkpoint.exists(), f"no checkpoint: {(run / 'preempt.log').read_text()[-3000:]}"
-    position = saved_position(checkpoint)
-    assert (0, 0) < position < (scenario.epochs, 0), position
-    resume_and_compare(full, run, scenario, position, target)
-
-
-def resume_and_compare(full: Records, run: Path, scenario: Scenario, position: tuple[int, int], what: str) -> None:
-    resumed_code = processes.run_tree(
-        [sys.executable, str(TRAIN_SCRIPT), str(config(run, "resume", scenario))],
-        run / "resume.log",
-        run,
-        RUN_TIMEOUT_S,
-        "the resume",
-    )
-    assert resumed_code == 0, (run / "resume.log").read_text()[-3000:]
-    trained = before(read_records(run, "preempt", scenario.world_size), position)
-    resumed = read_records(run, "resume", scenario.world_size)
-    for rank, expected in full.items():
-        assert steps_of(trained[rank] + resumed[rank]) == steps_of(expected), f"rank {rank} after {what}"
 
 
 @pytest.mark.parametrize("target", list(SIGNALLED))
