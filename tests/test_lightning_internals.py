@@ -9,6 +9,8 @@ import pytest
 
 from lightning_resumable._lightning import batches_processed
 
+from .helpers import trainer as make_trainer
+
 
 def test_batch_progress_is_readable_from_a_fresh_trainer() -> None:
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
@@ -202,19 +204,8 @@ def _fit_with_validations(tmp_path: Path, callbacks: list[L.Callback], ckpt_path
         def val_dataloader(self) -> DataLoader[int]:
             return DataLoader(list(range(4)), batch_size=2)  # type: ignore[arg-type]
 
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        val_check_interval=3,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        callbacks=[ResumableDataCallback(), *callbacks],
-        default_root_dir=tmp_path,
-    )
+    options = dict(val_check_interval=3, num_sanity_val_steps=0)
+    trainer = make_trainer(tmp_path, [ResumableDataCallback(), *callbacks], **options)
     trainer.fit(Model(), Data(), ckpt_path=ckpt_path)
     return steps
 

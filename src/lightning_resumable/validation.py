@@ -15,49 +15,34 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lightning_resumable._keys import validation_sample_seed
 from lightning_resumable._lightning import reinstantiate_loader
 from lightning_resumable.errors import UnsupportedLoaderError
-from lightning_resumable.randomness import GlobalGeneratorState, begin_sample, end_sample
+from lightning_resumable.randomness import SampleSeededDataset
 
 __all__ = ["ValidationSeededDataset", "seed_validation_loaders"]
 
 
-class ValidationSeededDataset(Dataset[Any]):
-    """The user's validation dataset, each sample fetched under the seed of ``(seed, loader, index)``.
+class ValidationSeededDataset(SampleSeededDataset[Any]):
+    """The user's validation dataset, each sample fetched under the seed of ``(seed, loader, index)``:
+    a `SampleSeededDataset` keyed by the index itself, not by a sampler's keys.
 
     In the main process the global generators are put back after each fetch, so validating does not
     disturb the training's stream. Attributes it does not have are read from ``.dataset``.
     """
 
     def __init__(self, dataset: Dataset[Any], seed: int, loader: int) -> None:
-        self.dataset, self.seed, self.loader = dataset, seed, loader
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]  # map-style datasets are sized
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "dataset":  # not set yet (unpickling): don't recurse
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
+        super().__init__(dataset)
+        self.seed, self.loader = seed, loader
 
     def __getitem__(self, index: Any) -> Any:
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
-        saved = GlobalGeneratorState() if get_worker_info() is None else None
-        samples = []
-        try:
-            for index in indices:
-                begin_sample(validation_sample_seed(self.seed, self.loader, operator.index(index)), True)
-                samples.append(self.dataset[index])
-        finally:
-            end_sample()
-            if saved is not None:
-                saved.restore()
-        return samples
+        keys = [(index, validation_sample_seed(self.seed, self.loader, operator.index(index))) for index in indices]
+        return self.fetch(keys, seed_globals=True, restore_globals=True)
 
 
 def seed_validation_loaders(loaders: Any, seed: int) -> Any:
