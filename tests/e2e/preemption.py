@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -40,13 +39,18 @@ def config(run: Path, phase: str, scenario: Scenario, **extra: Any) -> Path:
     return path
 
 
-def launch(run: Path, phase: str, scenario: Scenario, **extra: Any) -> subprocess.Popen[bytes]:
+def launch(run: Path, phase: str, scenario: Scenario, **extra: Any) -> Any:
+    """A run in a session of its own (a ``Popen``, or the fork server's leader: both ``poll``, ``wait``
+    and name the process group by ``pid``), from the fork server unless ``E2E_FORK_SERVER=0``."""
     run.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(TRAIN_SCRIPT), str(config(run, phase, scenario, **extra))]
-    return processes.launch(command, run / f"{phase}.log", run, {**os.environ, "PYTHONUNBUFFERED": "1"})
+    path, log = config(run, phase, scenario, **extra), run / f"{phase}.log"
+    if FORK:
+        return fork_server().launch(path, scenario.world_size, log, run)
+    command = [sys.executable, str(TRAIN_SCRIPT), str(path)]
+    return processes.launch(command, log, run, {**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def wait_for_steps(process: subprocess.Popen[bytes], run: Path, steps: int) -> None:
+def wait_for_steps(process: Any, run: Path, steps: int) -> None:
     """Poll rank 0's step records until it has trained ``steps`` steps."""
     records, deadline = run / "preempt.rank0.jsonl", time.monotonic() + RUN_TIMEOUT_S
     while not records.exists() or len(records.read_text().splitlines()) < steps:

@@ -154,6 +154,13 @@ class _Leader:
             self.returncode = self.server.exit_code(timeout)
         return self.returncode
 
+    def poll(self) -> int | None:
+        """The exit code if the run has ended, else ``None`` (as ``Popen.poll``)."""
+        try:
+            return self.wait(timeout=0)
+        except subprocess.TimeoutExpired:
+            return None
+
 
 class ForkServer:
     """Launches ``train.py`` runs from a process that has imported torch, Lightning and the library once

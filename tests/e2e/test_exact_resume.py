@@ -76,6 +76,7 @@ def test_pairwise_finds_a_minimal_covering_array_of_three_binary_dimensions() ->
 def test_resumed_stream_equals_uninterrupted_stream(runner: Runner, scenario: Scenario) -> None:
     outcome = runner.run(scenario)
     assert outcome.stream_mismatches() == []
+    assert outcome.validation_mismatches(runner) == []
     assert_each_epoch_covers_the_dataset(outcome)
 
 

@@ -108,7 +108,9 @@ def test_a_resume_on_another_world_size_is_refused_when_the_callback_forbids_it(
 
 
 def test_a_preempted_mosaic_stream_ends_and_resumes_exactly(mosaic_runner: Runner, tmp_path: Path) -> None:
-    """A data library's stream under preemption: SIGTERM to every rank, ``OnExceptionCheckpoint``, 2
-    workers; the ranks capture Mosaic's state where they act on the signal, and the resume is exact."""
+    """A data library's stream under preemption: SIGTERM to every rank, ``OnExceptionCheckpoint``; the ranks
+    capture Mosaic's state where they act on the signal, and the resume is exact. Without workers: with
+    workers, the preempted run's read-ahead iterator leaves workers that never exit (seen here: the run
+    hung after its checkpoint), the exit defect of Mosaic's and LitData's loaders that issue 24 takes."""
     (tmp_path / train.MOSAIC_DIR).symlink_to(mosaic_runner.root / train.MOSAIC_DIR)  # the run reads shards beside it
-    preempt_and_resume(mosaic_runner, tmp_path / "run", EXACT[1], "every rank")
+    preempt_and_resume(mosaic_runner, tmp_path / "run", EXACT[0], "every rank")
