@@ -10,7 +10,7 @@ import lightning_resumable
 PACKAGE = Path(lightning_resumable.__file__).parent
 CORE = {
     *("_keys", "_torchdata", "order", "draws", "batches", "state", "sampler"),
-    *("randomness", "format", "verification", "contract", "libraries", "errors"),
+    *("randomness", "format", "verification", "contract", "libraries", "errors", "held_generators", "produced"),
 }
 IMPORT = re.compile(r"^\s*from lightning_resumable(?:\.(\w+))? import (\w+)", re.MULTILINE)
 MODULES = {path.stem for path in PACKAGE.glob("*.py")}

@@ -39,6 +39,7 @@ class Domain(IntEnum):
     EXPLICIT_TORCH = 0x9E3779B97F4A7C15  # a sample's explicit torch generator
     EXPLICIT_NUMPY = 0xD1B54A32D192ED03  # a sample's explicit NumPy generator
     VALIDATION = 0x56414C4944  # "VALID": a validation sample's seed from (seed, loader, index)
+    HELD = 0x48454C44  # "HELD": a generator a dataset holds, from (sample seed, its path)
 
 
 def check_version(version: object) -> int:
@@ -92,6 +93,11 @@ def stream_sample_seed(key: int, count: int) -> int:
 def explicit_generator_seed(sample_seed: int, domain: Domain) -> int:
     """The seed of a sample's explicit torch or NumPy generator (`lightning_resumable.sample_rng`)."""
     return splitmix64(sample_seed ^ domain)
+
+
+def held_generator_seed(sample_seed: int, path_key: int) -> int:
+    """The 64-bit seed of a generator a dataset holds, for one sample (``path_key``: where it sits)."""
+    return splitmix64(splitmix64(sample_seed ^ Domain.HELD) ^ path_key)
 
 
 def loader_seed(seed: int, key_digest: int) -> int:

@@ -169,8 +169,9 @@ def _rows(name: str, loader: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("batch size, shuffle", f"{loader['batch_size']}, {loader['shuffle']}"),
         ("drop_last: sampler, loader", f"{loader['drop_last']}, {loader.get('drop_last_batch', 'not recorded')}"),
     ]
-    for rank, (ids, content) in enumerate(loader.get("next_batch", [])):
-        rows.append((f"rank {rank} next batch", f"ids {ids}, content {content}"))
+    for rank, (ids, content, *produced) in enumerate(loader.get("next_batch", [])):
+        made = f", produced {produced[0]}" if produced and produced[0] else ""
+        rows.append((f"rank {rank} next batch", f"ids {ids}, content {content}{made}"))
     if "dataset_state" in loader:
         rows.append(("dataset state", json.dumps(loader["dataset_state"], sort_keys=True, default=str)))
     return rows

@@ -12,10 +12,9 @@ The envelope (``format`` 1, from 0.3.0)::
      "reason": "...",                         # "unresumable" only: why no state could be written
      "partial_accumulation": {...}}           # a save inside a gradient accumulation window
 
-``keys`` is the version of the key derivation (`lightning_resumable._keys`) the stream was drawn with.
-Before 0.3.0 there was no envelope: the kind was told apart by its keys (``train``, ``loaders``,
-``stream`` or ``unresumable``), with ``partial_accumulation`` beside them; those still read, as
-``keys`` 1.
+``keys``: the key derivation (`lightning_resumable._keys`) the stream was drawn with. Before 0.3.0
+there was no envelope: the kind was told by its keys (``train``, ``loaders``, ``stream`` or
+``unresumable``), ``partial_accumulation`` beside them; those still read, as ``keys`` 1.
 """
 
 from __future__ import annotations
@@ -72,9 +71,8 @@ def _mapping(raw: object, what: str) -> Mapping[str, Any]:
     if not isinstance(raw, Mapping):
         raise StateFormatError(f"{what} must be a dict, got {type(raw).__name__}")
     if not all(isinstance(key, str) for key in raw):
-        raise StateFormatError(
-            f"{what} must have string keys, got {[key for key in raw if not isinstance(key, str)]!r:.200}"
-        )
+        wrong = [key for key in raw if not isinstance(key, str)]
+        raise StateFormatError(f"{what} must have string keys, got {wrong!r:.200}")
     return raw
 
 
@@ -91,20 +89,23 @@ def _is_digest(value: object) -> bool:
 
 @dataclass(frozen=True)
 class BatchFingerprint:
-    """Digests (16 hex digits each) of one rank's next batch: its sample keys and its content."""
+    """Digests (16 hex digits) of one rank's next batch: its sample keys, its content as fetched again,
+    the batch the loader produced (``""``: not known, or a state of 0.2.0 and before)."""
 
     ids: str
     content: str
+    produced: str = ""
 
     def to_list(self) -> list[str]:
-        return [self.ids, self.content]
+        return [self.ids, self.content, self.produced]
 
     @classmethod
     def from_list(cls, raw: object) -> BatchFingerprint:
-        """Parse the persisted form, a list of two 16-digit hex strings."""
-        if not isinstance(raw, list) or len(raw) != 2 or not all(_is_digest(digest) for digest in raw):
-            raise StateFormatError(f"a batch fingerprint must be two 16-digit hex strings, got {raw!r:.200}")
-        return cls(ids=raw[0], content=raw[1])
+        """Parse the persisted form, a list of two 16-digit hex strings, and a third one or ``""``."""
+        digests = [*raw, ""][:3] if isinstance(raw, list) and len(raw) in (2, 3) else ["", "", ""]
+        if not all(_is_digest(digest) for digest in (*digests[:2], digests[2] or "0" * _DIGEST_HEX)):
+            raise StateFormatError(f'a batch fingerprint must be 2 hex digests and one or "", got {raw!r:.200}')
+        return cls(*digests)
 
 
 @dataclass(frozen=True)
@@ -184,8 +185,7 @@ class StreamState:
         num_workers: loader workers per process.
         global_position: the dataset declared its state the same on every rank.
         finished: every rank's loader had run out (a resume starts the next epoch).
-        ranks: each rank's loader state, in rank order (``StatefulDataLoader`` form, with each
-            worker's stream state).
+        ranks: each rank's loader state, in rank order (``StatefulDataLoader`` form, workers' included).
         torchdata: the torchdata version whose ``StatefulDataLoader`` wrote ``ranks`` (an older
             torchdata cannot read a newer one's state); ``""`` if not recorded.
         next_batch: each rank's digest of the batch it trains next (Lightning had read it ahead), in

@@ -120,8 +120,8 @@ class Owner(ABC):
         verify the next batches; the index of the first batch this process trains."""
 
     def check_first_batch(self) -> None:
-        """Before the first batch a process trains: verify it where it could not be re-fetched at the
-        train start; collective. A map-style loader's next batches were verified at the start."""
+        """Before the first batch a process trains after a restore: compare it, as the loader produced
+        it, with the checkpoint's record; collective."""
         return None
 
     @abstractmethod
@@ -178,6 +178,9 @@ class LoaderOwner(Owner):
     def start(self, trainer: pl.Trainer, batches: int) -> int:
         self.owned.check_start(trainer, (0, batches))
         return self.owned.first_batch()
+
+    def check_first_batch(self) -> None:
+        self.owned.check_produced()
 
     def trained_ids(self, batch: Any, batch_idx: int) -> list[int]:
         return self.sampler.batch_indices(batch_idx)
@@ -236,6 +239,10 @@ class LoadersOwner(Owner):
             owned.check_start(trainer, loader_position(self.mode, batches, len(owned.loader)))
             first = max(first, owned.first_batch())
         return first
+
+    def check_first_batch(self) -> None:
+        for key in sorted(self.owned):  # the same order on every rank
+            self.owned[key].check_produced()
 
     def trained_ids(self, batch: Any, batch_idx: int) -> dict[str, list[int] | None]:
         ids: dict[str, list[int] | None] = {}

@@ -9,10 +9,11 @@ created, or whether the run was interrupted. Nothing is persisted: the seeds are
   the sampler together with the order).
 - `SampleSeededDataset` wraps the user's dataset: before each sample is fetched it seeds the
   global generators that augmentation code draws from (torch's default CPU generator, Python's
-  ``random``, NumPy's global ``RandomState``). In the main process (``num_workers=0``) it can
-  restore their state after the batch, so fetching does not disturb the training step's stream;
-  under Lightning that is needed only when the callback does not reseed each step, since each batch
-  is fetched before ``on_train_batch_start``.
+  ``random``, NumPy's global ``RandomState``), and the generators the dataset and its transforms
+  hold themselves (`lightning_resumable.held_generators`: albumentations' ``Compose``). In the
+  main process (``num_workers=0``) it can restore their state after the batch, so fetching does
+  not disturb the training step's stream; under Lightning that is needed only when the callback
+  does not reseed each step, since each batch is fetched before ``on_train_batch_start``.
 - `sample_rng` is the explicit API: a ``torch.Generator`` and a ``numpy.random.Generator`` of
   the sample being fetched, as Grain gives each record its own RNG.
 - `seed_training_step` reseeds the global generators (and CUDA's, where initialised) at the
@@ -31,6 +32,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from lightning_resumable._keys import Domain, explicit_generator_seed, step_seed, stream_key, stream_sample_seed
 from lightning_resumable.errors import NotInSampleFetchError
+from lightning_resumable.held_generators import HeldGenerators
 from lightning_resumable.order import position_hash
 
 __all__ = [
@@ -205,6 +207,7 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
         self.seed_globals = seed_globals
         self.restore_globals = restore_globals
         self.collate_fn = collate_fn
+        self.held = HeldGenerators()
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]  # map-style datasets are sized
@@ -236,6 +239,8 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
         try:
             for index, seed in keys:
                 begin_sample(seed, seed_globals)
+                if seed_globals:
+                    self.held.reseed(self.dataset, seed)
                 samples.append(self.dataset[index])
         finally:
             end_sample()
@@ -256,11 +261,13 @@ def seed_each_sample(
     The global generators are not put back here: without workers, the library's loader puts the main
     process's back after each batch.
     """
-    base = type(dataset)
+    base, held = type(dataset), HeldGenerators()
 
     def __getitem__(self: Any, key: Any) -> Any:  # the dunder of the subclass
         try:
-            begin_sample(stream_sample_seed(stream_key(seed, epoch_of(self), stream, 0), index_of(key)), True)
+            sample_seed = stream_sample_seed(stream_key(seed, epoch_of(self), stream, 0), index_of(key))
+            begin_sample(sample_seed, True)
+            held.reseed(self, sample_seed)
             return base.__getitem__(self, key)
         finally:
             end_sample()

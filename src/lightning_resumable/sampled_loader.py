@@ -4,11 +4,14 @@ sampler's), the next-batch fingerprints, and the state of a dataset that has its
 Promise: the state recorded at a save is the sampler's global state at the trainer's count of
 completed batches, each rank's next batch fingerprinted (gathered from every rank, or computed for
 all of them by rank 0 where no rank may wait for another), and a dataset's own state checked to be
-the same on every rank; a restore applies them all before the loader is iterated.
+the same on every rank; a restore applies them all before the loader is iterated. The fingerprint
+holds the digest of the batch the loader produced (`lightning_resumable.produced`), which the first
+batch after a restore on the same world size must match.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -20,9 +23,16 @@ from torch.utils.data import DataLoader
 from lightning_resumable.contract import check_contract
 from lightning_resumable.errors import IncompatibleStateError, InconsistentRankStateError
 from lightning_resumable.format import BatchFingerprint, LoaderState
+from lightning_resumable.produced import ProducedBatches, watch_loader
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
-from lightning_resumable.verification import all_gather_objects, check_fingerprints, digest_of, fingerprint_next_batch
+from lightning_resumable.verification import (
+    all_gather_objects,
+    check_fingerprints,
+    check_produced_batches,
+    digest_of,
+    fingerprint_next_batch,
+)
 
 if TYPE_CHECKING:
     from lightning_resumable.owners import SavePoint
@@ -43,6 +53,9 @@ class SampledLoader:
         # (epoch, cycle, anchor position, anchor batches): where this world size took over in that
         # epoch's stream (None, None: not recorded); in any other, the stream's start.
         self.anchored: tuple[int, int, int | None, int | None] = (-1, -1, 0, 0)
+        self.produced = ProducedBatches(lambda: (sampler.epoch, sampler.cycle, sampler.origin[2]))
+        self.verifying_produced = False  # the first batch after the restore is compared on every rank
+        watch_loader(loader, self.produced)
 
     @property
     def where(self) -> str:
@@ -63,8 +76,12 @@ class SampledLoader:
             return
         if saved.fingerprints is None:
             rank_zero_info("lightning_resumable: the checkpoint holds no batch fingerprint; the resume is not verified")
-        else:
-            self.to_verify = (saved.state, saved.fingerprints)
+            return
+        self.to_verify = (saved.state, saved.fingerprints)
+        if not resized:  # each rank's own next batch, as its loader produced it
+            where = (state.epoch, state.cycle, state.batches)
+            self.produced.expect_first(where, saved.fingerprints[self.sampler.rank].produced)
+            self.verifying_produced = True
 
     def _restore_dataset(self, state: Mapping[str, Any] | None) -> None:
         dataset = self.user_dataset()
@@ -125,12 +142,43 @@ class SampledLoader:
         state = replace(state, anchor_position=anchor[0], anchor_batches=anchor[1])
         fingerprints = None
         if at.verify and at.collective:
-            mine = fingerprint_next_batch(self.loader, state, sampler.rank, sampler.num_replicas)
+            mine = self._fingerprint(state, at)
             fingerprints = [BatchFingerprint.from_list(entry) for entry in all_gather_objects(mine.to_list())]
         elif at.verify and at.rank == 0:
             world_size = sampler.num_replicas
             fingerprints = [fingerprint_next_batch(self.loader, state, each, world_size) for each in range(world_size)]
+            fingerprints[0] = self._fingerprint(state, at)
         return LoaderState(state, fingerprints, self._dataset_state(at.rank, at.collective))
+
+    def _fingerprint(self, state: DataState, at: SavePoint) -> BatchFingerprint:
+        """This rank's next batch: its keys and content fetched again here, and the batch the loader
+        produced (known between steps, where Lightning has read it ahead). Warns where the two differ:
+        the dataset holds random state that the workers' copies and this process's do not share."""
+        fetched = fingerprint_next_batch(self.loader, state, self.sampler.rank, self.sampler.num_replicas)
+        within = not at.next_epoch and state.batches < len(self.loader)
+        produced = self.produced.digest_at(state.epoch, state.cycle, state.batches) if within else ""
+        if produced and produced != fetched.content:
+            warnings.warn(
+                f"lightning_resumable: on rank {self.sampler.rank}, the batch the loader produced{self.where}"
+                f" after {state.batches} batches of epoch {state.epoch} is not the one fetched again under the"
+                f" same seeds (digest {produced}, not {fetched.content}): the dataset draws from random state"
+                " that is not seeded per sample (a generator out of the library's reach, such as one at module"
+                " level). This checkpoint resumes only if the resumed loader produces the same batch; the"
+                " resume checks that",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return replace(fetched, produced=produced)
+
+    def check_produced(self) -> None:
+        """Before the first batch after a restore trains: compare each rank's first produced batch with
+        the one its loader produced before the save; collective (on every rank alike, or on none)."""
+        if not self.verifying_produced:
+            return
+        self.verifying_produced = False
+        state = self.sampler.data_state()
+        workers = self.loader.num_workers > 0
+        check_produced_batches(all_gather_objects(self.produced.first_batch), state.epoch, self.where, workers)
 
     def check_start(self, trainer: pl.Trainer, expected: tuple[int, int]) -> None:
         """Refuse a trainer that resumes another place than the data; then verify the next batches."""

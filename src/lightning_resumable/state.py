@@ -70,8 +70,18 @@ class DataState:
     version: int = STATE_VERSION
 
     def to_dict(self) -> dict[str, int | bool | str | None]:
-        """The state as plain values, as the checkpoint stores it (readable with ``weights_only=True``)."""
-        return asdict(self)
+        """The state as plain values, as the checkpoint stores it (readable with ``weights_only=True``).
+
+        A state read from an older version and saved again before it was applied keeps that version's
+        form: what it never recorded is absent, not ``None``, which the parser refuses.
+        """
+        saved: dict[str, int | bool | str | None] = asdict(self)
+        older = [(self.drop_last_batch, 3, ("drop_last_batch", "anchor_position", "anchor_batches"))]
+        for missing, version, absent in [*older, (self.anchor_position, 4, ("anchor_position", "anchor_batches"))]:
+            if missing is None:
+                saved = {**{key: value for key, value in saved.items() if key not in absent}, "version": version}
+                break
+        return saved
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> DataState:
@@ -87,18 +97,20 @@ class DataState:
             raw = {**raw, "draws": "permutation" if raw.get("shuffle") else "sequential"}
         if version in (1, 2):
             raw = {**raw, "cycle": 0}
+        unrecorded: set[str] = set()  # what the state's version did not record: None, not checked
         if version in (1, 2, 3):
-            raw = {**raw, "drop_last_batch": None}
+            raw, unrecorded = {**raw, "drop_last_batch": None}, {"drop_last_batch"}
         if version in (1, 2, 3, 4):
             raw = {**raw, "anchor_position": None, "anchor_batches": None, "version": STATE_VERSION}
+            unrecorded |= {"anchor_position", "anchor_batches"}
         values: dict[str, Any] = {}
         for field in fields(cls):
             if field.name not in raw:
                 raise StateFormatError(f"data state lacks the key {field.name!r}")
             value = raw[field.name]
             expected = {"bool": bool, "str": str, "bool | None": bool}.get(str(field.type), int)
-            if str(field.type).endswith("| None") and value is None:
-                pass  # not recorded (a state read from an older version, saved again before it was applied)
+            if value is None and field.name in unrecorded:
+                pass  # not recorded by the state's version
             elif type(value) is not expected:
                 raise StateFormatError(
                     f"data state key {field.name!r} must be {expected.__name__}, got {type(value).__name__}"

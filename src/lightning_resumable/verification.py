@@ -39,6 +39,7 @@ __all__ = [
     "all_gather_objects",
     "check_fingerprints",
     "check_first_stream_batches",
+    "check_produced_batches",
     "fingerprint_next_batch",
 ]
 
@@ -145,7 +146,7 @@ def check_fingerprints(
     problems = []
     for saving_rank, expected in enumerate(saved):
         got = now[saving_rank]
-        if got == expected:
+        if (got.ids, got.content) == (expected.ids, expected.content):  # what a re-fetch can show
             continue
         if got.ids != expected.ids:
             what = (
@@ -194,4 +195,33 @@ def check_first_stream_batches(read: Sequence[tuple[str, str] | None], epoch: in
             " the same data (a stream that drops buffered samples or reads other shards after a restore"
             " differs too). If the stream cannot yield the same"
             " batch twice, pass ResumableDataCallback(verify=False)"
+        )
+
+
+def check_produced_batches(read: Sequence[tuple[str, str] | None], epoch: int, where: str, workers: bool) -> None:
+    """Compare each rank's first batch after a map-style restore, as its loader produced it, with the
+    batch that loader produced at the save (``read``: every rank's ``(recorded, produced)`` digests,
+    ``None`` where nothing was recorded). The re-fetch in the main process cannot see state that only
+    the workers' copies of the dataset hold; this comparison does.
+
+    Raises:
+        ResumeVerificationError: on every rank, naming each rank whose batch differs.
+    """
+    producer = "the workers" if workers else "the loader"
+    problems = [
+        f"rank {rank}: digest {pair[1]}, not {pair[0]}"
+        for rank, pair in enumerate(read)
+        if pair is not None and pair[0] != pair[1]
+    ]
+    if problems:
+        raise ResumeVerificationError(
+            f"the batch {producer} produced after the resume (epoch {epoch}){where} is not the batch the workers"
+            " produced there before the checkpoint; training on would not continue the interrupted run. "
+            + "; ".join(problems)
+            + ". Its sample keys are the same (the main process fetched it again and found the checkpoint's),"
+            " so the dataset draws from random state that is not seeded per sample: a generator the library"
+            " does not reach (one at module level, or inside a container of more than"
+            " lightning_resumable.held_generators.MAX_CONTAINER items), or state a worker carries from sample"
+            " to sample. Draw from sample_rng(), or keep the generator as an attribute of the dataset or its"
+            " transforms. If the content cannot be the same twice, pass ResumableDataCallback(verify=False)"
         )

@@ -113,6 +113,7 @@ class Scenario:
     limit_val_batches: int = 1
     monitor: bool = False
     strategy: str = "ddp"
+    augment: str = ""  # a map-style dataset of images augmented by a library (train.py: AugmentedImages)
 
     @property
     def batches_per_epoch(self) -> int:
@@ -193,6 +194,8 @@ class Scenario:
             parts.append("curriculum")
         if self.sampler != "shuffle":
             parts.append(self.sampler)
+        if self.augment:
+            parts.append(self.augment)
         if self.data != "map":
             parts.append(self.data + (f"-{self.mode}" if self.data == "combined" else ""))
         if self.resume_num_workers is not None:

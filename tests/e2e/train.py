@@ -76,6 +76,56 @@ class IdDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return torch.tensor(index), torch.tensor([float(row % 7 + 10 * self.level), *augmentation])
 
 
+OUT_OF_REACH = np.random.default_rng(11)
+"""A generator no dataset attribute reaches: each worker's copy advances with its samples."""
+
+
+class AugmentedImages(IdDataset):
+    """uint8 images augmented in ``__getitem__`` by what ``augment`` names, each sample's values its id's
+    row and three statistics of the augmented pixels (their mean, a position-weighted sum, a deviation).
+
+    ``albumentations`` and ``albumentations-seeded``: a ``Compose`` (``seed=None`` and ``seed=42``), which
+    draws from generators of its own; ``own-generator``: noise from a ``torch.Generator`` the dataset
+    holds; ``kornia``: kornia's augmentations, which draw from torch's global generator;
+    ``out-of-reach``: noise from a module-level generator, which the library cannot reseed.
+    """
+
+    def __init__(self, size: int, augment: str) -> None:
+        super().__init__(size)
+        self.images = np.random.default_rng(17).integers(0, 256, (size, 16, 16, 3), dtype=np.uint8)
+        self.augment = augment
+        if augment.startswith("albumentations"):
+            import albumentations as A
+
+            steps = [A.RandomCrop(12, 12), A.HorizontalFlip(p=0.5), A.RandomBrightnessContrast(p=1.0)]
+            steps.append(A.GaussNoise(p=1.0))
+            self.transform = A.Compose(steps, seed=42 if augment == "albumentations-seeded" else None)
+        elif augment == "own-generator":
+            self.generator = torch.Generator().manual_seed(3)
+        elif augment == "kornia":
+            import kornia.augmentation as K
+
+            self.transform = K.AugmentationSequential(
+                K.RandomCrop((12, 12)), K.RandomHorizontalFlip(), K.ColorJitter(0.2, 0.2, p=1.0)
+            )
+        elif augment != "out-of-reach":
+            raise ValueError(f"no augmentation {augment!r}")
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image = self.images[index]
+        if self.augment.startswith("albumentations"):
+            pixels = torch.from_numpy(self.transform(image=image)["image"]).float() / 255
+        elif self.augment == "own-generator":
+            pixels = torch.from_numpy(image).float() / 255 + torch.rand(image.shape, generator=self.generator)
+        elif self.augment == "out-of-reach":
+            pixels = torch.from_numpy(image / 255 + OUT_OF_REACH.random(image.shape)).float()
+        else:
+            pixels = self.transform(torch.from_numpy(image).permute(2, 0, 1).float()[None] / 255)[0]
+        weights = torch.arange(pixels.numel(), dtype=torch.float64).reshape(pixels.shape) / pixels.numel()
+        stats = [pixels.mean().item(), (pixels.double() * weights).mean().item(), pixels.std().item()]
+        return torch.tensor(index), torch.tensor([float(index % 7), *stats])
+
+
 class OffsetDataset(IdDataset):
     """An IdDataset whose ids start at ``offset``: the second loader of the ``combined`` data."""
 
@@ -541,7 +591,10 @@ class PlainData(L.LightningDataModule):
         resuming = self.config["phase"].startswith("resume")
         relisted = self.config.get("relist_on_resume", False) and resuming
         dataset_type = CurriculumDataset if self.config.get("curriculum") else IdDataset
-        self.train_set = dataset_type(self.config["dataset_size"], relisted=relisted)
+        if self.config.get("augment"):
+            self.train_set = AugmentedImages(self.config["dataset_size"], self.config["augment"])
+        else:
+            self.train_set = dataset_type(self.config["dataset_size"], relisted=relisted)
         drop_last = self.config["drop_last"]
         if resuming and self.config.get("resume_drop_last") is not None:
             drop_last = self.config["resume_drop_last"]
