@@ -31,7 +31,7 @@ from litdata.streaming.sampler import ChunkedIndex
 from lightning_resumable import randomness
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.recording import PassRecord, RecordedLoader
-from lightning_resumable.workers import forking, leave_sigterm_to_rank, retire_ended, warn_once_on_affected_python
+from lightning_resumable.workers import ForkingEachPass, leave_sigterm_to_rank, warn_once_on_affected_python
 
 __all__ = ["LitDataLoader", "make_litdata_resumable"]
 
@@ -44,7 +44,7 @@ def _index_of(key: Any) -> int:
     return int(key.index) if isinstance(key, ChunkedIndex) else int(key)
 
 
-class LitDataLoader(RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  # litdata is untyped
+class LitDataLoader(ForkingEachPass, RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  # litdata is untyped
     """LitData's ``StreamingDataLoader``, whose state the callback takes at the trainer's count of batches."""
 
     reader = "litdata"
@@ -71,13 +71,6 @@ class LitDataLoader(RecordedLoader, StreamingDataLoader):  # type: ignore[misc] 
         # Without workers the samples (and their seeds) are read in this process, in next().
         return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0)
 
-    def _get_iterator(self) -> Any:
-        """torch's iterator, which forks the workers, made as the library's loaders make theirs
-        (`lightning_resumable.workers.forking`): LitData's loader makes one each pass."""
-        with forking(super()._get_iterator) as iterator:
-            pass
-        return iterator
-
     def _state(self) -> dict[str, Any]:
         return copy.deepcopy(StreamingDataLoader.state_dict(self))
 
@@ -90,11 +83,6 @@ class LitDataLoader(RecordedLoader, StreamingDataLoader):  # type: ignore[misc] 
     def start_epoch(self, epoch: int) -> None:
         """Make the next pass a fresh one of ``epoch`` (a resume after an epoch's last batch)."""
         self.restore, self._next_epoch = False, epoch
-
-    def retire_workers(self) -> None:
-        """At the end of a fit: every retired pass's workers and threads have ended (LitData's loader
-        keeps no iterator across passes)."""
-        retire_ended()
 
 
 def make_litdata_resumable(loader: Any, *, seed: int, epoch_source: Callable[[], int]) -> LitDataLoader:

@@ -34,7 +34,7 @@ from streaming import StreamingDataLoader, StreamingDataset
 from lightning_resumable import randomness
 from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoaderError
 from lightning_resumable.recording import PassRecord, RecordedLoader
-from lightning_resumable.workers import forking, leave_sigterm_to_rank, retire_ended, warn_once_on_affected_python
+from lightning_resumable.workers import ForkingEachPass, leave_sigterm_to_rank, warn_once_on_affected_python
 
 __all__ = ["MosaicLoader", "make_mosaic_resumable"]
 
@@ -46,7 +46,7 @@ def _epoch_of(dataset: StreamingDataset) -> int:
     return int(getattr(dataset, _EPOCH, 0))
 
 
-class MosaicLoader(RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  # streaming is untyped
+class MosaicLoader(ForkingEachPass, RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  # streaming is untyped
     """Mosaic's ``StreamingDataLoader``, whose state the callback computes at the trainer's count of batches."""
 
     reader = "mosaic"
@@ -82,13 +82,6 @@ class MosaicLoader(RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  
         # Without workers the samples (and their seeds) are read in this process, in next().
         return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0)
 
-    def _get_iterator(self) -> Any:
-        """torch's iterator, which forks the workers, made as the library's loaders make theirs
-        (`lightning_resumable.workers.forking`): Mosaic's loader makes one each pass."""
-        with forking(super()._get_iterator) as iterator:
-            pass
-        return iterator
-
     def state_after(self, batches: int) -> dict[str, Any]:
         """Mosaic's state after ``batches`` batches of the current epoch on every rank: the same on all."""
         if self._resume is not None:  # restored, and not iterated yet
@@ -118,11 +111,6 @@ class MosaicLoader(RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  
     def start_epoch(self, epoch: int) -> None:
         """Make the next pass a fresh one of ``epoch`` (a resume after an epoch's last batch)."""
         self._next_epoch = epoch
-
-    def retire_workers(self) -> None:
-        """At the end of a fit: every retired pass's workers and threads have ended (Mosaic's loader
-        keeps no iterator across passes)."""
-        retire_ended()
 
 
 def seen_world(dataset: StreamingDataset) -> tuple[int, int, int]:

@@ -78,7 +78,7 @@ class SampledLoader:
             rank_zero_info("lightning_resumable: the checkpoint holds no batch fingerprint; the resume is not verified")
             return
         self.to_verify = (saved.state, saved.fingerprints)
-        if not resized:  # each rank's own next batch, as its loader produced it
+        if not resized and self.seeded:  # each rank's own next batch, as its loader produced it
             where = (state.epoch, state.cycle, state.batches)
             self.produced.expect_first(where, saved.fingerprints[self.sampler.rank].produced)
             self.verifying_produced = True
@@ -157,7 +157,7 @@ class SampledLoader:
         fetched = fingerprint_next_batch(self.loader, state, self.sampler.rank, self.sampler.num_replicas)
         within = not at.next_epoch and state.batches < len(self.loader)
         produced = self.produced.digest_at(state.epoch, state.cycle, state.batches) if within else ""
-        if produced and produced != fetched.content:
+        if produced and produced != fetched.content and self.seeded:
             warnings.warn(
                 f"lightning_resumable: on rank {self.sampler.rank}, the batch the loader produced{self.where}"
                 f" after {state.batches} batches of epoch {state.epoch} is not the one fetched again under the"
@@ -169,6 +169,12 @@ class SampledLoader:
                 stacklevel=2,
             )
         return replace(fetched, produced=produced)
+
+    @property
+    def seeded(self) -> bool:
+        """Whether each sample is fetched under its own seed (``seed_samples``): else what the loader
+        produces is not expected to repeat, and only the keys and the re-fetch are compared."""
+        return bool(getattr(self.loader.dataset, "seed_globals", True))
 
     def check_produced(self) -> None:
         """Before the first batch after a restore trains: compare each rank's first produced batch with

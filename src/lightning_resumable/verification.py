@@ -171,6 +171,12 @@ def check_fingerprints(
         )
 
 
+def _differing(read: Sequence[tuple[str, str] | None], what: str) -> list[str]:
+    """``"rank r <what> X, not Y"`` for each rank whose ``(recorded, read)`` digests differ."""
+    pairs = [(rank, pair) for rank, pair in enumerate(read) if pair is not None and pair[0] != pair[1]]
+    return [f"rank {rank} {what} {got}, not {recorded}" for rank, (recorded, got) in pairs]
+
+
 def check_first_stream_batches(read: Sequence[tuple[str, str] | None], epoch: int, batches: int) -> None:
     """Compare each rank's first batch after a stream's restore with the digest its checkpoint recorded.
 
@@ -181,11 +187,7 @@ def check_first_stream_batches(read: Sequence[tuple[str, str] | None], epoch: in
     Raises:
         ResumeVerificationError: on every rank, naming each rank whose batch differs.
     """
-    problems = [
-        f"rank {rank} read a batch with digest {pair[1]}, not {pair[0]}"
-        for rank, pair in enumerate(read)
-        if pair is not None and pair[0] != pair[1]
-    ]
+    problems = _differing(read, "read a batch with digest")
     if problems:
         raise ResumeVerificationError(
             f"the first batch after the checkpoint (epoch {epoch}, after {batches} batches) is not the batch the"
@@ -208,11 +210,7 @@ def check_produced_batches(read: Sequence[tuple[str, str] | None], epoch: int, w
         ResumeVerificationError: on every rank, naming each rank whose batch differs.
     """
     producer = "the workers" if workers else "the loader"
-    problems = [
-        f"rank {rank}: digest {pair[1]}, not {pair[0]}"
-        for rank, pair in enumerate(read)
-        if pair is not None and pair[0] != pair[1]
-    ]
+    problems = _differing(read, "produced digest")
     if problems:
         raise ResumeVerificationError(
             f"the batch {producer} produced after the resume (epoch {epoch}){where} is not the batch the workers"

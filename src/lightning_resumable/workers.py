@@ -35,6 +35,7 @@ from lightning_resumable.signals import LeaveSigtermToRank
 
 __all__ = [
     "FORK_DEADLOCK_FIXED_IN",
+    "ForkingEachPass",
     "RetiringLoader",
     "WorkerSafeDataLoader",
     "forking",
@@ -170,6 +171,26 @@ class RetiringLoader(DataLoader[Any]):
 
     def _get_iterator(self) -> Any:
         return _iterator_after_retiring(self, super()._get_iterator)
+
+
+class ForkingEachPass:
+    """A mixin for a data library's loader that makes a new torch iterator each pass (LitData's,
+    Mosaic's): each made as `forking` makes it, and every one still alive retired at the end of a
+    fit. An iterator Lightning left unexhausted (``max_steps``, a preemption, the read-ahead of a
+    save) keeps its workers waiting on their index queues; at the interpreter's exit
+    multiprocessing would join them for ever (they leave the SIGTERM it sends to their rank)."""
+
+    def _get_iterator(self) -> Any:
+        with forking(super()._get_iterator) as iterator:  # type: ignore[misc]
+            pass
+        self.__dict__.setdefault("_made_iterators", weakref.WeakSet()).add(iterator)
+        return iterator
+
+    def retire_workers(self) -> None:
+        """Retire every iterator this loader made that is still alive, then the ended ones' threads."""
+        for iterator in list(self.__dict__.get("_made_iterators", ())):
+            retire(iterator)
+        retire_ended()
 
 
 class WorkerSafeDataLoader(RetiringLoader):

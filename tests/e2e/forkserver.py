@@ -3,7 +3,9 @@
 Importing torch and Lightning takes about four seconds a process, longer than most of the suite's
 runs train. This process imports them once and then, per request, forks a fresh process tree that
 runs ``train.main``: a run still starts from a process of its own, with the library's state untouched,
-and ends as before (a stopped run with ``os._exit``), but without paying for the imports.
+and ends as a finished process ends (`_exit_as_the_interpreter_does`: its threads joined, its
+``atexit`` handlers run, multiprocessing's joining the loader workers left), but without paying for
+the imports. A stopped run ends with ``os._exit`` from ``train.py``, as a kill would.
 
 The server runs no torch operation and starts no thread, so a fork from it copies one thread and no
 thread pool (the conditions under which a fork is safe, CPython gh-112275 included).
@@ -17,11 +19,13 @@ launcher would start them, with the environment of an externally launched DDP ru
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -53,6 +57,16 @@ def _report(*exc_info: Any) -> None:
         traceback.print_exception(*exc_info)
 
 
+def _exit_as_the_interpreter_does(code: int) -> None:
+    """End a forked run as a finished ``python train.py`` ends: the interpreter's last steps (non-daemon
+    threads joined, then the ``atexit`` handlers, among them multiprocessing's, which joins every
+    loader worker still running), then ``os._exit``: a fork must not return into the server. A worker
+    never shut down hangs here as it would there, and the harness's timeout prints every stack."""
+    threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx calls first
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
 def _run_rank(request: dict[str, Any], rank: int) -> None:
     """In a forked process: train rank ``rank`` and end the process (never return into the server)."""
     code = 0
@@ -69,7 +83,7 @@ def _run_rank(request: dict[str, Any], rank: int) -> None:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(code)
+    _exit_as_the_interpreter_does(code)
 
 
 def _lead(request: dict[str, Any]) -> None:
@@ -106,7 +120,7 @@ def _lead(request: dict[str, Any]) -> None:
     # The run has succeeded if every other rank has too. After a failure here, the other ranks get a
     # while to end (and report their own failure) before the harness ends the whole group.
     codes = _wait_for(ranks, None if code == 0 else RANKS_GRACE_S)
-    os._exit(code or next((each for each in codes if each != 0), 0))
+    _exit_as_the_interpreter_does(code or next((each for each in codes if each != 0), 0))
 
 
 def _wait_for(pids: list[int], seconds: float | None) -> list[int]:

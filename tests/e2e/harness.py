@@ -250,10 +250,14 @@ def run_phase(
     checkpoint: Path,
     world_size: int | None = None,
     expect_failure: bool = False,
+    fork: bool = FORK,
+    timeout: float = RUN_TIMEOUT_S,
 ) -> Records:
     """Run one phase as a fresh process tree and return what each rank recorded.
 
-    With ``expect_failure`` the phase must exit non-zero (within the timeout: no rank may hang).
+    With ``expect_failure`` the phase must exit non-zero (within the timeout: no rank may hang). With
+    ``fork=False`` it runs as ``python train.py`` and ends by a normal interpreter exit (a forked run
+    ends with ``os._exit``, which would not wait for a loader worker left running).
     """
     world_size = world_size or scenario.world_size
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -262,11 +266,11 @@ def run_phase(
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log_path = run_dir / f"{phase}.log"
     what = f"{scenario.label()} phase {phase}"
-    if FORK:
-        returncode = fork_server().run(config_path, world_size, log_path, run_dir, RUN_TIMEOUT_S, what)
+    if fork:
+        returncode = fork_server().run(config_path, world_size, log_path, run_dir, timeout, what)
     else:
         command = [sys.executable, str(TRAIN_SCRIPT), str(config_path)]
-        returncode = run_tree(command, log_path, run_dir, RUN_TIMEOUT_S, what, env)
+        returncode = run_tree(command, log_path, run_dir, timeout, what, env)
     if expect_failure:
         if returncode == 0:
             raise AssertionError(f"{scenario.label()} phase {phase} was expected to fail and exited 0")
@@ -276,6 +280,22 @@ def run_phase(
     if phase == "stop" and not checkpoint.exists():
         raise AssertionError(f"{scenario.label()}: the stopped run wrote no checkpoint\n{log_path.read_text()[-4000:]}")
     return read_records(run_dir, phase, world_size)
+
+
+EXIT_TIMEOUT_S = 150
+"""An uninterrupted run of a few dozen steps ends well within this, imports included, on 2 busy cores."""
+
+
+def check_run_exits(root: Path, scenario: Scenario) -> None:
+    """Train ``scenario`` uninterrupted as ``python train.py``, stopped by ``max_steps`` inside an epoch
+    (its loader's iterator not exhausted, its workers still running), and require the processes to
+    end by a normal interpreter exit within `EXIT_TIMEOUT_S`: else each one's stack is printed and the
+    whole tree killed. The run's data sits in ``root`` (LitData's and Mosaic's shards)."""
+    steps = scenario.batches_per_epoch + 2
+    ending = replace(scenario, max_steps=steps, epochs=2)
+    run_dir = root / ("exit-" + ending.label())
+    records = run_phase(ending, "full", run_dir, run_dir / "unused.ckpt", fork=False, timeout=EXIT_TIMEOUT_S)
+    assert [len(each) for each in records.values()] == [steps] * scenario.world_size, "the run trained to max_steps"
 
 
 def read_records(run_dir: Path, phase: str, world_size: int) -> Records:

@@ -11,7 +11,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -21,7 +20,7 @@ from typing import Any
 from lightning_resumable.audit import first_divergence, read_audit
 
 from . import processes
-from .harness import RUN_TIMEOUT_S, TRAIN_SCRIPT, Scenario
+from .harness import FORK, RUN_TIMEOUT_S, TRAIN_SCRIPT, Scenario, fork_server
 
 CHECKPOINT_EVERY = 6
 STEP_SECONDS = 0.05  # a kill lands within a step of where it is aimed, far from a checkpoint write
@@ -47,12 +46,15 @@ def config(run: Path, phase: str, **extra: Any) -> Path:
     return path
 
 
-def launch(run: Path, phase: str, **extra: Any) -> subprocess.Popen[bytes]:
-    """A run in its own process group: a kill reaches every rank and worker."""
+def launch(run: Path, phase: str, **extra: Any) -> Any:
+    """A run in its own process group, so that a kill reaches every rank and worker (a ``Popen``, or the
+    fork server's leader: both ``poll``, ``wait`` and name the group by ``pid``), from the fork server
+    unless ``E2E_FORK_SERVER=0``."""
     run.mkdir(parents=True, exist_ok=True)
-    return processes.launch(
-        [sys.executable, str(TRAIN_SCRIPT), str(config(run, phase, **extra))], run / f"{phase}.log", run
-    )
+    path, log = config(run, phase, **extra), run / f"{phase}.log"
+    if FORK:
+        return fork_server().launch(path, SOAK.world_size, log, run)
+    return processes.launch([sys.executable, str(TRAIN_SCRIPT), str(path)], log, run)
 
 
 def global_steps(run: Path, rank: int = 0) -> list[int]:
@@ -69,7 +71,7 @@ def global_steps(run: Path, rank: int = 0) -> list[int]:
     return steps
 
 
-def wait_for_step(process: subprocess.Popen[bytes], run: Path, logged_before: int, target: int) -> None:
+def wait_for_step(process: Any, run: Path, logged_before: int, target: int) -> None:
     """Poll rank 0's audit log until this launch has logged global step ``target``."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while target not in global_steps(run)[logged_before:]:
@@ -80,7 +82,7 @@ def wait_for_step(process: subprocess.Popen[bytes], run: Path, logged_before: in
         time.sleep(0.01)  # polling a file, not waiting out a race
 
 
-def finish(process: subprocess.Popen[bytes], run: Path, phase: str) -> int:
+def finish(process: Any, run: Path, phase: str) -> int:
     return processes.wait_tree(process, RUN_TIMEOUT_S, phase, run, run / f"{phase}.log")
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from . import train
-from .harness import Runner, Scenario
+from .harness import Runner, Scenario, check_run_exits
 
 pytest.importorskip("litdata")
 
@@ -95,3 +95,11 @@ def test_control_litdatas_own_resume_on_one_process_does_not_train_the_interrupt
         for i in s["ids"]
     ]
     assert sorted(trained) != list(range(48)), "LitData's elastic resume trained the epoch's samples once each"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_run_stopped_by_max_steps_exits_on_its_own(litdata_runner: Runner, workers: int) -> None:
+    """A normal interpreter exit within a timeout, the loader's iterator not exhausted (`check_run_exits`)."""
+    check_run_exits(
+        litdata_runner.root, Scenario(world_size=2, num_workers=workers, loader="StreamingDataLoader", data="litdata")
+    )

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from . import train
-from .harness import Runner, Scenario
+from .harness import Runner, Scenario, check_run_exits
 from .preemption import preempt_and_resume
 
 if importlib.util.find_spec("streaming") is None:
@@ -114,3 +114,11 @@ def test_a_preempted_mosaic_stream_ends_and_resumes_exactly(mosaic_runner: Runne
     hung after its checkpoint), the exit defect of Mosaic's and LitData's loaders that issue 24 takes."""
     (tmp_path / train.MOSAIC_DIR).symlink_to(mosaic_runner.root / train.MOSAIC_DIR)  # the run reads shards beside it
     preempt_and_resume(mosaic_runner, tmp_path / "run", EXACT[0], "every rank")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_run_stopped_by_max_steps_exits_on_its_own(mosaic_runner: Runner, workers: int) -> None:
+    """A normal interpreter exit within a timeout, the loader's iterator not exhausted (`check_run_exits`)."""
+    check_run_exits(
+        mosaic_runner.root, Scenario(world_size=2, num_workers=workers, loader="StreamingDataLoader", data="mosaic")
+    )
