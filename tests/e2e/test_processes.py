@@ -75,9 +75,9 @@ def test_a_hung_run_from_the_fork_server_prints_each_ranks_stack_is_killed_whole
         (tmp_path / "hang.json").write_text(json.dumps({**config, "hang_rank": 1}))
         leader = server.launch(tmp_path / "hang.json", 2, tmp_path / "hang.log", tmp_path)
         with pytest.raises(AssertionError) as hung:
-            wait_tree(leader, 20, "the hanging run", tmp_path, tmp_path / "hang.log")  # type: ignore[arg-type]
+            wait_tree(leader, 15, "the hanging run", tmp_path, tmp_path / "hang.log")  # type: ignore[arg-type]
         message = str(hung.value)
-        assert "the hanging run hung for 20 s" in message
+        assert "the hanging run hung for 15 s" in message
         assert "in hang_forever" in message, "rank 1's stack"
         assert message.count("--- process") >= 2, "a stack from each rank"
         assert living_members(leader.pid) == [], "no process of the run is left"
