@@ -102,10 +102,10 @@ class BatchFingerprint:
     @classmethod
     def from_list(cls, raw: object) -> BatchFingerprint:
         """Parse the persisted form, a list of two 16-digit hex strings, and a third one or ``""``."""
-        digests = [*raw, ""][:3] if isinstance(raw, list) and len(raw) in (2, 3) else ["", "", ""]
-        if not all(_is_digest(digest) for digest in (*digests[:2], digests[2] or "0" * _DIGEST_HEX)):
+        ids, content, produced = [*raw, ""][:3] if isinstance(raw, list) and len(raw) in (2, 3) else ["", "", ""]
+        if not (_is_digest(ids) and _is_digest(content) and (produced == "" or _is_digest(produced))):
             raise StateFormatError(f'a batch fingerprint must be 2 hex digests and one or "", got {raw!r:.200}')
-        return cls(*digests)
+        return cls(ids, content, produced)
 
 
 @dataclass(frozen=True)

@@ -182,9 +182,8 @@ class SampledLoader:
         if not self.verifying_produced:
             return
         self.verifying_produced = False
-        state = self.sampler.data_state()
         workers = self.loader.num_workers > 0
-        check_produced_batches(all_gather_objects(self.produced.first_batch), state.epoch, self.where, workers)
+        check_produced_batches(all_gather_objects(self.produced.first_batch), self.sampler.epoch, self.where, workers)
 
     def check_start(self, trainer: pl.Trainer, expected: tuple[int, int]) -> None:
         """Refuse a trainer that resumes another place than the data; then verify the next batches."""

@@ -76,11 +76,15 @@ class DataState:
         form: what it never recorded is absent, not ``None``, which the parser refuses.
         """
         saved: dict[str, int | bool | str | None] = asdict(self)
-        older = [(self.drop_last_batch, 3, ("drop_last_batch", "anchor_position", "anchor_batches"))]
-        for missing, version, absent in [*older, (self.anchor_position, 4, ("anchor_position", "anchor_batches"))]:
-            if missing is None:
-                saved = {**{key: value for key, value in saved.items() if key not in absent}, "version": version}
-                break
+        absent: tuple[str, ...]
+        if self.drop_last_batch is None:  # versions 1 to 3: neither the loader's drop_last nor an anchor
+            version, absent = 3, ("drop_last_batch", "anchor_position", "anchor_batches")
+        elif self.anchor_position is None:  # version 4: no anchor
+            version, absent = 4, ("anchor_position", "anchor_batches")
+        else:
+            return saved
+        saved = {key: value for key, value in saved.items() if key not in absent}
+        saved["version"] = version
         return saved
 
     @classmethod
