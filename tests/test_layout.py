@@ -9,7 +9,7 @@ import lightning_resumable
 
 PACKAGE = Path(lightning_resumable.__file__).parent
 CORE = {
-    *("_keys", "_torchdata", "order", "draws", "batches", "state", "sampler"),
+    *("_keys", "_torchdata", "order", "draws", "batches", "state", "passes", "sampler"),
     *("randomness", "format", "verification", "contract", "libraries", "errors", "held_generators", "produced"),
 }
 IMPORT = re.compile(r"^\s*from lightning_resumable(?:\.(\w+))? import (\w+)", re.MULTILINE)

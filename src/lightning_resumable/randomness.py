@@ -64,6 +64,20 @@ def sample_seeds(seed: int, epoch: int, positions: torch.Tensor) -> torch.Tensor
     return position_hash(seed, epoch, positions, Domain.SAMPLE)
 
 
+_PLACE_BITS = 20
+"""A sample's key in a batch sampler's stream is ``batch position << 20 | place in the batch``."""
+
+
+def keyed_batches(seed: int, epoch: int, batches: list[list[int]], positions: torch.Tensor) -> list[list[SampleKey]]:
+    """Each sample of each batch (at stream ``positions``) with its seed, keyed by (batch position, place)."""
+    places = [
+        (position << _PLACE_BITS) + torch.arange(len(batch))
+        for position, batch in zip(positions.tolist(), batches, strict=True)
+    ]
+    seeds = iter(sample_seeds(seed, epoch, torch.cat(places)).tolist())
+    return [[(index, next(seeds)) for index in batch] for batch in batches]
+
+
 def seed_global_generators(seed: int) -> None:
     """Seed torch's default CPU generator, Python's ``random`` and NumPy's global ``RandomState``.
 

@@ -9,7 +9,7 @@ O(1) time and memory, without replaying earlier positions or epochs.
 from __future__ import annotations
 
 import collections
-import itertools
+import functools
 import operator
 from collections.abc import Iterator, Mapping, Sized
 from typing import Any, Literal
@@ -21,13 +21,12 @@ from lightning_resumable._keys import cycle_seed
 from lightning_resumable.draws import Draws, Permutation
 from lightning_resumable.errors import PendingRestoreError
 from lightning_resumable.order import MAX_SIZE, one_thread
-from lightning_resumable.randomness import SampleKey, sample_seeds
+from lightning_resumable.passes import SamplerPass
+from lightning_resumable.randomness import SampleKey, keyed_batches, sample_seeds
 from lightning_resumable.state import DataState
 
 __all__ = ["ResumableSampler"]
 
-_PLACE_BITS = 20
-"""A sample's key in a batch sampler's stream is ``batch position << 20 | place in the batch``."""
 Passes = Literal["repeat", "cycle", "once"]
 """What a pass of an epoch after a complete one yields (see `ResumableSampler`)."""
 _FIRST_CHUNK = 256
@@ -58,10 +57,8 @@ class ResumableSampler(DistributedSampler[Any]):
         seed: the shuffle seed; part of the persisted state.
         drop_last: drop the tail that does not divide evenly across ranks instead of padding.
         batch_size: samples per batch on each rank; converts the trainer's batch counts to positions.
-        draws: what the epoch's stream draws (`lightning_resumable.draws`): weighted, with
-            replacement, a subset... ``None`` is a permutation of the dataset (or the identity
-            without ``shuffle``). Its ``length`` is the epoch's stream, split across the ranks. Given
-            draws, ``shuffle`` is theirs (only a sequential permutation is unshuffled).
+        draws: what the epoch's stream draws (`lightning_resumable.draws`); ``None`` is a permutation
+            of the dataset (the identity without ``shuffle``). Given draws, ``shuffle`` is theirs.
         sample_keys: yield ``(index, sample seed)`` pairs, the seed derived from ``(seed, epoch, global
             position)``, for a `SampleSeededDataset` to fetch each sample under its own seed.
         drop_last_batch: the loader's ``drop_last``, recorded in the state so that a resume with
@@ -72,8 +69,9 @@ class ResumableSampler(DistributedSampler[Any]):
             ``CombinedLoader`` restarts in ``max_size_cycle`` mode; ``"once"`` nothing, for a loader
             read once per epoch among several (``max_size``, ``min_size``). The library sets the last two.
 
-    A restore (`load_state_dict`) applies to the next iteration only. A state saved after the
-    epoch's last sample restores, as in torchdata's ``StatefulDataLoader``, to the pass after it.
+    A restore (`load_state_dict`) applies to the next pass only; a state saved after the epoch's last
+    sample restores to the pass after it, or to an empty one inside a torchdata ``StatefulDataLoader``
+    that had not run out (`lightning_resumable.passes`).
 
     Example:
         ```python
@@ -128,6 +126,8 @@ class ResumableSampler(DistributedSampler[Any]):
         self._origin_position = 0
         self._origin_batches = 0
         self._origin_is_restored = False
+        self._restored_pass: int | None = None  # the pass a restore was loaded into (torchdata's protocol)
+        self._passes_made = 0
         self._consumed_batches: int | None = None
         self.cycle = 0
         self._pass_complete = False  # the current pass ran to its end: the next one is the next cycle
@@ -202,12 +202,16 @@ class ResumableSampler(DistributedSampler[Any]):
         """
         return self._origin_batches * self.batch_size + self._samples_per_rank()
 
-    def _chunks(self) -> Iterator[Iterator[int | SampleKey]]:
+    def _chunks(self, number: int) -> Iterator[Iterator[int | SampleKey]]:
         """Iterators over consecutive chunks of this rank's indices, computed one vectorised pass each."""
+        if self._origin_is_restored and self._restored_pass not in (None, number):
+            # torchdata dropped the pass it restored (the saved iterator had run out): this pass follows it
+            self._start_fresh_pass()
+            self._pass_complete = True
         if self._origin_is_restored:
             self._origin_is_restored = False  # this pass starts at the restored position; later ones at 0
-            if self._origin_position >= self.stream_length and self.passes != "once":
-                self._next_pass()  # the state was saved after the epoch's last sample
+            if self._origin_position >= self.stream_length and self._restored_pass is None and self.passes != "once":
+                self._next_pass()  # a complete epoch restored from its state alone: the pass after it
         elif self._pass_complete:
             if self.passes == "once":
                 return  # read once this epoch
@@ -248,29 +252,17 @@ class ResumableSampler(DistributedSampler[Any]):
             positions = torch.where(positions >= self.stream_length, wrapped, positions)
         drawn = self.draws(self.stream_seed, self.epoch, positions)
         if not isinstance(drawn, torch.Tensor):  # a batch sampler's stream: each position is a whole batch
-            return self._keyed_batches(drawn, unwrapped) if self.sample_keys else drawn
+            return keyed_batches(self.stream_seed, self.epoch, drawn, unwrapped) if self.sample_keys else drawn
         indices = drawn.tolist()
         if not self.sample_keys:
             return list(indices)
         return list(zip(indices, sample_seeds(self.stream_seed, self.epoch, unwrapped).tolist(), strict=True))
 
-    def _keyed_batches(self, batches: list[list[int]], positions: torch.Tensor) -> list[list[SampleKey]]:
-        """Each sample of each batch with its seed, keyed by (batch position, place in the batch)."""
-        sizes = [len(batch) for batch in batches]
-        sample_positions = torch.cat(
-            [
-                (position << _PLACE_BITS) + torch.arange(size)
-                for position, size in zip(positions.tolist(), sizes, strict=True)
-            ]
-        )
-        seeds = iter(sample_seeds(self.stream_seed, self.epoch, sample_positions).tolist())
-        return [[(index, next(seeds)) for index in batch] for batch in batches]
-
-    def __iter__(self) -> Iterator[Any]:
-        # chain hands out the indices at C speed; the chunk iterator it is draining is the one in
-        # self._chunk, so the count of indices handed out stays exact. Nothing happens before the
-        # first next(): torch's multi-worker iterator calls iter() twice and uses only the second.
-        return itertools.chain.from_iterable(self._chunks())
+    def __iter__(self) -> SamplerPass:
+        # Lazy until the first next(): torch's multi-worker iterator calls iter() twice, uses the second.
+        self._passes_made += 1
+        number = self._passes_made
+        return SamplerPass(self._chunks(number), self.state_dict, functools.partial(self._restore_into, number))
 
     def batch_indices(self, batch: int) -> list[int]:
         """The dataset indices of this rank's batch number ``batch`` of the current epoch (and cycle).
@@ -350,7 +342,8 @@ class ResumableSampler(DistributedSampler[Any]):
         """Start the saved epoch at the saved global position on the next ``iter()`` (that one only).
 
         A state at or past the epoch's last sample restores as a complete epoch: the next ``iter()``
-        yields nothing.
+        is the pass after it. Into a sampler already set to the epoch after it, it restores only the seed
+        (torchdata restores at the first ``iter()``, after a loop's ``set_epoch`` of the next epoch).
 
         Raises:
             StateFormatError: the state is malformed.
@@ -365,14 +358,21 @@ class ResumableSampler(DistributedSampler[Any]):
             IncompatibleStateError: dataset size, shuffle, drop_last, batch size or draws differ.
         """
         saved.check_same_data(self.data_state())
+        epoch_set = self.epoch
         self.seed = saved.seed
-        self.epoch = saved.epoch
-        self.cycle, self._pass_complete = saved.cycle, False
-        self._consumed_batches = None
-        self._chunk = (0, 0, iter(()))
-        self._origin_position = saved.position
-        self._origin_batches = saved.batches
-        self._origin_is_restored = True
+        self.epoch, self.cycle, self._pass_complete = saved.epoch, saved.cycle, False
+        self._consumed_batches, self._chunk = None, (0, 0, iter(()))
+        self._origin_position, self._origin_batches = saved.position, saved.batches
+        self._origin_is_restored, self._restored_pass = True, None
+        if epoch_set == saved.epoch + 1 and saved.position >= self.stream_length:
+            self.epoch, self.cycle = epoch_set, 0  # the loop has begun the next epoch: start it
+            self._start_fresh_pass()
+
+    def _restore_into(self, number: int, state: Mapping[str, Any]) -> None:
+        """torchdata's `SamplerPass.load_state_dict`: the restore is pass ``number``'s, none other's."""
+        self.load_state_dict(state)
+        if self._origin_is_restored:
+            self._restored_pass = number
 
     @property
     def origin(self) -> tuple[int, int, int]:

@@ -1,0 +1,47 @@
+"""A sampler's pass over its indices, with torchdata's iterator protocol.
+
+torchdata's ``StatefulDataLoader`` restores a sampler, then at once makes a pass and loads the same
+state into it; if the saved iterator had run out, it drops that pass and makes another. A pass that
+knows its restore tells the two end-of-epoch states apart: the restored pass yields the rest of the
+epoch (nothing, after its last batch), a pass made instead of it starts after it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, cast
+
+__all__ = ["SamplerPass"]
+
+
+class SamplerPass(itertools.chain[Any]):
+    """One pass's indices, handed out at C speed: the chain drains the chunk iterators its sampler
+    computes one at a time (so the sampler's count of indices handed out stays exact).
+
+    Args:
+        chunks: the pass's chunks of indices.
+        state_dict: the sampler's state (a pass has none of its own).
+        restore_this_pass: restores the sampler to a state for this pass only.
+    """
+
+    _state_dict: Callable[[], dict[str, Any]]
+    _restore_this_pass: Callable[[Mapping[str, Any]], None]
+
+    def __new__(
+        cls,
+        chunks: Iterator[Iterator[Any]],
+        state_dict: Callable[[], dict[str, Any]],
+        restore_this_pass: Callable[[Mapping[str, Any]], None],
+    ) -> SamplerPass:
+        made = cast(SamplerPass, super().from_iterable(chunks))  # from_iterable makes a cls
+        made._state_dict, made._restore_this_pass = state_dict, restore_this_pass
+        return made
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sampler's state."""
+        return self._state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the sampler to ``state`` for this pass: a pass made after it starts after the restored one."""
+        self._restore_this_pass(state)
