@@ -4,66 +4,118 @@
 batch 32) on 3x40x40 images that ``__getitem__`` crops at random to 32x32 and flips (torch's global
 generator), with 0 and 2 workers, plain and with the library, each fit in a fresh process. Within a
 round the four configurations run in an order that alternates from round to round. Prints, per worker
-count, the median steps/s of each and the median of the per-round ratios with their spread (lowest and
-highest): a gap is real only where it is larger than that spread.
+count, the median steps/s of each, the median of the per-round ratios, a 95% bootstrap interval of
+that median and the lowest and highest ratio. On this 2-core machine one fit's rate varies by about
+15% from the next one's (with 1 intra-op thread too), so a gap is real only where the interval
+excludes 1.0 and its width is smaller than the gap; add rounds until it is. Then (alone with
+``--cost``) what the library adds per batch, measured in-process where noise hardly reaches: the
+per-sample seeding of a batch's fetch against the plain fetch and the step.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import subprocess
 import sys
+import time
+import timeit
+from typing import Any
 
-FIT = r"""
-import sys, time
-import lightning as L, torch
-from torch.utils.data import DataLoader, Dataset
-from lightning_resumable import ResumableDataCallback, ResumableDataModule
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset, default_collate
 
-workers, library, steps = int(sys.argv[1]), sys.argv[2] == "library", int(sys.argv[3])
+from lightning_resumable import ResumableDataCallback, ResumableDataModule, ResumableSampler, SampleSeededDataset
 
-class Images(Dataset):
-    def __init__(self): self.images = torch.rand(1024, 3, 40, 40)
-    def __len__(self): return len(self.images)
-    def __getitem__(self, index):
+BATCH = 32
+
+
+class Images(Dataset[tuple[torch.Tensor, int]]):
+    """3x40x40 images, cropped at random to 32x32 and flipped (torch's global generator)."""
+
+    def __init__(self) -> None:
+        self.images = torch.rand(1024, 3, 40, 40)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         top, left = torch.randint(0, 9, (2,)).tolist()
-        image = self.images[index, :, top:top + 32, left:left + 32]
+        image = self.images[index, :, top : top + 32, left : left + 32]
         return (image.flip(-1) if torch.rand(()) < 0.5 else image), index % 10
 
+
 class Net(L.LightningModule):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4),
-            torch.nn.Flatten(), torch.nn.Dropout(0.2), torch.nn.Linear(512, 10))
-    def training_step(self, batch, batch_idx):
+            torch.nn.Conv2d(3, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(16, 32, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(4),
+            torch.nn.Flatten(),
+            torch.nn.Dropout(0.2),
+            torch.nn.Linear(512, 10),
+        )
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
-    def configure_optimizers(self): return torch.optim.SGD(self.parameters(), lr=0.01)
 
-class Plain(L.LightningDataModule):
-    def train_dataloader(self): return DataLoader(Images(), batch_size=32, num_workers=workers, shuffle=True)
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
 
-class Resumable(ResumableDataModule, Plain): pass
 
-class Clock(L.Callback):  # from the 10th step on: the workers' start and the first steps are not timed
-    def on_train_batch_start(self, trainer, *args):
-        if trainer.global_step == 10: self.start = time.perf_counter()
+class Clock(L.Callback):
+    """Starts at the 10th step: the workers' start and the first steps are not timed."""
 
-clock = Clock()
-callbacks = [clock] + ([ResumableDataCallback()] if library else [])
-L.seed_everything(0, verbose=False)
-trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
-trainer.fit(Net(), datamodule=Resumable() if library else Plain())
-print((steps - 10) / (time.perf_counter() - clock.start))
-"""
+    start = 0.0
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == 10:
+            self.start = time.perf_counter()
+
+
+def fit(workers: int, library: bool, steps: int) -> float:
+    """One fit's steps per second, from the 10th step on."""
+
+    class Plain(L.LightningDataModule):
+        def train_dataloader(self) -> DataLoader[Any]:
+            return DataLoader(Images(), batch_size=BATCH, num_workers=workers, shuffle=True)
+
+    class Resumable(ResumableDataModule, Plain):
+        pass
+
+    clock = Clock()
+    callbacks: list[L.Callback] = [clock, *([ResumableDataCallback()] if library else [])]
+    L.seed_everything(0, verbose=False)
+    trainer = L.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
+    trainer.fit(Net(), datamodule=Resumable() if library else Plain())
+    return (steps - 10) / (time.perf_counter() - clock.start)
 
 
 def steps_per_second(workers: int, variant: str, steps: int) -> float:
-    command = [sys.executable, "-c", FIT, str(workers), variant, str(steps)]
+    command = [sys.executable, __file__, "--fit", str(workers), variant, str(steps)]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return float(result.stdout.strip().splitlines()[-1])
+
+
+def interval(ratios: list[float], resamples: int = 10000) -> str:
+    """A 95% bootstrap interval of the median ratio (a fixed seed: the same rates print the same interval)."""
+    draw = random.Random(0)
+    medians = sorted(statistics.median(draw.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return f"{medians[int(0.025 * resamples)]:.3f}x-{medians[int(0.975 * resamples)]:.3f}x"
 
 
 def main() -> None:
@@ -76,16 +128,57 @@ def main() -> None:
         for workers, variant in order:
             rates[workers, variant].append(steps_per_second(workers, variant, steps))
     print(f"Lightning steps/s, 1 process, batch 32, {steps} steps ({steps - 10} timed), {rounds} alternating rounds")
-    print("| num_workers | plain Lightning | with the library | ratio (median of rounds) | lowest, highest |")
-    print("|---|---|---|---|---|")
+    print("| num_workers | plain Lightning | with the library | ratio (median) | 95% interval | lowest, highest |")
+    print("|---|---|---|---|---|---|")
     for workers in (0, 2):
         plain, ours = rates[workers, "plain"], rates[workers, "library"]
         ratios = sorted(mine / theirs for mine, theirs in zip(ours, plain, strict=True))
         print(
             f"| {workers} | {statistics.median(plain):.1f} | {statistics.median(ours):.1f} |"
-            f" {statistics.median(ratios):.3f}x | {ratios[0]:.3f}x, {ratios[-1]:.3f}x |"
+            f" {statistics.median(ratios):.3f}x | {interval(ratios)} | {ratios[0]:.3f}x, {ratios[-1]:.3f}x |"
         )
 
 
+def cost_per_batch() -> None:
+    """What the library adds to a step, measured in-process (best of many repeats, so hardly noisy): a
+    batch's fetch as a worker does it (each sample seeded) against the plain fetch, and the step itself."""
+    dataset, sampler = Images(), ResumableSampler(Images(), 1, 0, batch_size=BATCH, sample_keys=True)
+    keys = list(sampler)[:BATCH]
+    seeded = SampleSeededDataset(dataset)
+    net, batch = Net(), default_collate([dataset[index] for index, _ in keys])
+    optimizer = net.configure_optimizers()
+
+    def step() -> None:
+        optimizer.zero_grad()
+        net.training_step(batch, 0).backward()
+        optimizer.step()
+
+    def best_us(run: Any, number: int) -> float:
+        return min(timeit.repeat(run, number=number, repeat=7)) / number * 1e6
+
+    plain = best_us(lambda: default_collate([dataset[index] for index, _ in keys]), 50)
+    in_worker = best_us(lambda: default_collate(seeded.fetch(keys, restore_globals=False)), 50)
+    in_main = best_us(lambda: default_collate(seeded.fetch(keys)), 50)
+    trained = best_us(step, 20)
+    print(f"\nPer batch of {BATCH}, in-process (best of 7 repeats):")
+    print("| what | time | added to a step (fetch + step) |")
+    print("|---|---|---|")
+    print(f"| the step (forward, backward, SGD) | {trained:.0f} µs | |")
+    print(f"| plain fetch | {plain:.0f} µs | |")
+    print(
+        f"| fetch, each sample seeded (a worker) | {in_worker:.0f} µs | {(in_worker - plain) / (plain + trained):.1%} |"
+    )
+    print(
+        f"| fetch, seeded, generators put back (0 workers) | {in_main:.0f} µs |"
+        f" {(in_main - plain) / (plain + trained):.1%} |"
+    )
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--fit"]:
+        print(fit(int(sys.argv[2]), sys.argv[3] == "library", int(sys.argv[4])))
+    elif sys.argv[1:2] == ["--cost"]:
+        cost_per_batch()
+    else:
+        main()
+        cost_per_batch()
