@@ -23,6 +23,7 @@ import timeit
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
@@ -139,9 +140,11 @@ def main() -> None:
         )
 
 
-def cost_per_batch() -> None:
-    """What the library adds to a step, measured in-process (best of many repeats, so hardly noisy): a
-    batch's fetch as a worker does it (each sample seeded) against the plain fetch, and the step itself."""
+def cost_per_batch(rounds: int = 40) -> None:
+    """What the library adds to a step, measured in-process: each variant's best time over ``rounds``
+    interleaved repeats (so a slow moment of the machine reaches every variant alike). A batch's fetch
+    as a worker does it (each sample seeded) and as the main process does it (the global generators
+    put back), the plain fetch with one global generator seeded per sample, and the step itself."""
     dataset, sampler = Images(), ResumableSampler(Images(), 1, 0, batch_size=BATCH, sample_keys=True)
     keys = list(sampler)[:BATCH]
     seeded = SampleSeededDataset(dataset)
@@ -153,25 +156,29 @@ def cost_per_batch() -> None:
         net.training_step(batch, 0).backward()
         optimizer.step()
 
-    def best_us(run: Any, number: int) -> float:
-        return min(timeit.repeat(run, number=number, repeat=7)) / number * 1e6
+    def fetch_seeding(seed_one: Any) -> Any:
+        return lambda: default_collate([(seed_one(seed), dataset[index])[1] for index, seed in keys])
 
-    plain = best_us(lambda: default_collate([dataset[index] for index, _ in keys]), 50)
-    in_worker = best_us(lambda: default_collate(seeded.fetch(keys, restore_globals=False)), 50)
-    in_main = best_us(lambda: default_collate(seeded.fetch(keys)), 50)
-    trained = best_us(step, 20)
-    print(f"\nPer batch of {BATCH}, in-process (best of 7 repeats):")
+    variants = {
+        "plain fetch": lambda: default_collate([dataset[index] for index, _ in keys]),
+        "plain fetch, torch's generator seeded per sample": fetch_seeding(torch.default_generator.manual_seed),
+        "plain fetch, Python's random seeded per sample": fetch_seeding(random.seed),
+        "plain fetch, NumPy's seeded per sample": fetch_seeding(lambda seed: np.random.seed(seed & 0xFFFFFFFF)),
+        "fetch, each sample seeded (a worker)": lambda: default_collate(seeded.fetch(keys, restore_globals=False)),
+        "fetch, seeded, generators put back (0 workers)": lambda: default_collate(seeded.fetch(keys)),
+    }
+    best = dict.fromkeys([*variants, "step"], float("inf"))
+    for _ in range(rounds):
+        for name, run in [*variants.items(), ("step", step)]:
+            best[name] = min(best[name], timeit.timeit(run, number=5) / 5 * 1e6)
+    plain, trained = best["plain fetch"], best["step"]
+    print(f"\nPer batch of {BATCH}, in-process (best of {rounds} interleaved repeats):")
     print("| what | time | added to a step (fetch + step) |")
     print("|---|---|---|")
     print(f"| the step (forward, backward, SGD) | {trained:.0f} µs | |")
-    print(f"| plain fetch | {plain:.0f} µs | |")
-    print(
-        f"| fetch, each sample seeded (a worker) | {in_worker:.0f} µs | {(in_worker - plain) / (plain + trained):.1%} |"
-    )
-    print(
-        f"| fetch, seeded, generators put back (0 workers) | {in_main:.0f} µs |"
-        f" {(in_main - plain) / (plain + trained):.1%} |"
-    )
+    for name in variants:
+        added = "" if name == "plain fetch" else f"{(best[name] - plain) / (plain + trained):+.1%}"
+        print(f"| {name} | {best[name]:.0f} µs | {added} |")
 
 
 if __name__ == "__main__":
