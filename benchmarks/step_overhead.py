@@ -2,8 +2,10 @@
 
 ``python benchmarks/step_overhead.py [ROUNDS] [STEPS]`` fits a small conv net with dropout (1 process,
 batch 32) on 3x40x40 images that ``__getitem__`` crops at random to 32x32 and flips (torch's global
-generator), with 0 and 2 workers, plain and with the library, each fit in a fresh process. Within a
-round the four configurations run in an order that alternates from round to round. Prints, per worker
+generator), with 0 and 2 workers, plain and with the library, each fit in a fresh process forked from
+this one (torch and Lightning imported once: a fit starts in a fraction of a second, so many short
+rounds fit in the time of a few long ones). Within a round the four configurations run in an order
+that alternates from round to round. Prints, per worker
 count, the median steps/s of each, the median of the per-round ratios, a 95% bootstrap interval of
 that median and the lowest and highest ratio. On this 2-core machine one fit's rate varies by about
 15% from the next one's (with 1 intra-op thread too), so a gap is real only where the interval
@@ -14,9 +16,10 @@ per-sample seeding of a batch's fetch against the plain fetch and the step.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 import timeit
@@ -106,10 +109,26 @@ def fit(workers: int, library: bool, steps: int) -> float:
     return (steps - 10) / (time.perf_counter() - clock.start)
 
 
+def _fit_and_send(connection: Any, workers: int, library: bool, steps: int) -> None:
+    quiet = os.open(os.devnull, os.O_WRONLY)  # Lightning's banners, once per fit
+    os.dup2(quiet, 1)
+    os.dup2(quiet, 2)
+    connection.send(fit(workers, library, steps))
+
+
 def steps_per_second(workers: int, variant: str, steps: int) -> float:
-    command = [sys.executable, __file__, "--fit", str(workers), variant, str(steps)]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
-    return float(result.stdout.strip().splitlines()[-1])
+    """One fit in a process forked from this one, which has imported torch and Lightning once: a fresh
+    process per fit (nothing of one fit's state reaches the next) that starts in a fraction of a second,
+    so that many short rounds fit in the time of a few long ones, and adjacent fits meet the same machine."""
+    context = multiprocessing.get_context("fork")
+    receiving, sending = context.Pipe(duplex=False)
+    child = context.Process(target=_fit_and_send, args=(sending, workers, variant == "library", steps))
+    child.start()
+    rate = float(receiving.recv())
+    child.join()
+    if child.exitcode != 0:
+        raise RuntimeError(f"the fit with {workers} workers ({variant}) ended with exit code {child.exitcode}")
+    return rate
 
 
 def interval(ratios: list[float], resamples: int = 10000) -> str:
@@ -142,9 +161,12 @@ def main() -> None:
 
 def cost_per_batch(rounds: int = 40) -> None:
     """What the library adds to a step, measured in-process: each variant's best time over ``rounds``
-    interleaved repeats (so a slow moment of the machine reaches every variant alike). A batch's fetch
-    as a worker does it (each sample seeded) and as the main process does it (the global generators
-    put back), the plain fetch with one global generator seeded per sample, and the step itself."""
+    interleaved repeats (so a slow moment of the machine reaches every variant alike). Every fetch seeds
+    torch's generator per sample from the library's seeds (1 µs a sample), so that each crops and flips
+    the same way: a flip costs 18 µs, and a best-of over unseeded fetches would pick their fewest flips.
+    Then each of the other global generators seeded as well, the library's fetch as a worker does it
+    (this dataset draws from neither of the others, so they are left alone) and as the main process
+    does it (the caller's generators put back after the batch), and the step itself."""
     dataset, sampler = Images(), ResumableSampler(Images(), 1, 0, batch_size=BATCH, sample_keys=True)
     keys = list(sampler)[:BATCH]
     seeded = SampleSeededDataset(dataset)
@@ -156,28 +178,29 @@ def cost_per_batch(rounds: int = 40) -> None:
         net.training_step(batch, 0).backward()
         optimizer.step()
 
-    def fetch_seeding(seed_one: Any) -> Any:
-        return lambda: default_collate([(seed_one(seed), dataset[index])[1] for index, seed in keys])
+    def fetch_seeding(seed_others: Any) -> Any:
+        seed_torch = torch.default_generator.manual_seed
+        return lambda: default_collate([(seed_torch(s), seed_others(s), dataset[index])[2] for index, s in keys])
 
+    baseline = "plain fetch (torch's generator seeded per sample)"
     variants = {
-        "plain fetch": lambda: default_collate([dataset[index] for index, _ in keys]),
-        "plain fetch, torch's generator seeded per sample": fetch_seeding(torch.default_generator.manual_seed),
-        "plain fetch, Python's random seeded per sample": fetch_seeding(random.seed),
-        "plain fetch, NumPy's seeded per sample": fetch_seeding(lambda seed: np.random.seed(seed & 0xFFFFFFFF)),
-        "fetch, each sample seeded (a worker)": lambda: default_collate(seeded.fetch(keys, restore_globals=False)),
-        "fetch, seeded, generators put back (0 workers)": lambda: default_collate(seeded.fetch(keys)),
+        baseline: fetch_seeding(lambda seed: None),
+        "plain fetch, Python's random seeded per sample too": fetch_seeding(random.seed),
+        "plain fetch, NumPy's seeded per sample too": fetch_seeding(lambda seed: np.random.seed(seed & 0xFFFFFFFF)),
+        "the library's fetch in a worker": lambda: default_collate(seeded.watched.fetch(keys, seeded._fetch_one)),
+        "the library's fetch with 0 workers (the generators put back)": lambda: default_collate(seeded.fetch(keys)),
     }
     best = dict.fromkeys([*variants, "step"], float("inf"))
     for _ in range(rounds):
         for name, run in [*variants.items(), ("step", step)]:
             best[name] = min(best[name], timeit.timeit(run, number=5) / 5 * 1e6)
-    plain, trained = best["plain fetch"], best["step"]
+    plain, trained = best[baseline], best["step"]
     print(f"\nPer batch of {BATCH}, in-process (best of {rounds} interleaved repeats):")
     print("| what | time | added to a step (fetch + step) |")
     print("|---|---|---|")
     print(f"| the step (forward, backward, SGD) | {trained:.0f} µs | |")
     for name in variants:
-        added = "" if name == "plain fetch" else f"{(best[name] - plain) / (plain + trained):+.1%}"
+        added = "" if name == baseline else f"{(best[name] - plain) / (plain + trained):+.1%}"
         print(f"| {name} | {best[name]:.0f} µs | {added} |")
 
 

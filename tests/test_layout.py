@@ -9,17 +9,17 @@ import lightning_resumable
 
 PACKAGE = Path(lightning_resumable.__file__).parent
 CORE = {
-    *("_keys", "_torchdata", "order", "draws", "batches", "state", "passes", "sampler"),
+    *("_keys", "_torch", "_torchdata", "order", "draws", "batches", "state", "passes", "sampler", "watched_globals"),
     *("randomness", "format", "verification", "contract", "libraries", "errors", "held_generators", "produced"),
 }
-IMPORT = re.compile(r"^\s*from lightning_resumable(?:\.(\w+))? import (\w+)", re.MULTILINE)
+IMPORT = re.compile(r"^\s*from lightning_resumable(?:\.(\w+))? import \(?\s*(\w+)", re.MULTILINE)
 MODULES = {path.stem for path in PACKAGE.glob("*.py")}
 
 
 def imports() -> dict[str, set[str]]:
     graph = {}
     for path in PACKAGE.glob("*.py"):
-        text = path.read_text().split("if TYPE_CHECKING:")[0]  # type-only imports do not run
+        text = path.read_text()  # type-only imports included: a circle of types is a circle to read
         graph[path.stem] = {module or name for module, name in IMPORT.findall(text) if (module or name) in MODULES}
         graph[path.stem].discard(path.stem)
     return graph

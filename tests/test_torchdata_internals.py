@@ -75,3 +75,27 @@ def test_torchdata_itself_reads_a_stream_from_its_start_after_an_emptied_state()
     restored = stream_loader(0)
     restored.resume_from({}, batches=2)
     assert [batch.tolist() for batch in restored] == full
+
+
+def test_a_state_taken_before_iter_makes_the_iterator_the_next_iter_hands_out() -> None:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from lightning_resumable._torchdata import holds_restored_iterator, take_iterator
+
+    loader = StatefulDataLoader(list(range(8)), batch_size=2)
+    assert take_iterator(loader) is None and not holds_restored_iterator(loader)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    assert not holds_restored_iterator(loader), "iter() made the iterator"
+    assert take_iterator(loader) is iterator and take_iterator(loader) is None
+    restored = StatefulDataLoader(list(range(8)), batch_size=2)
+    restored.load_state_dict(state)
+    assert not holds_restored_iterator(restored)
+    restored.state_dict()  # before any iter(): torchdata makes the iterator, with the restored state
+    assert holds_restored_iterator(restored)
+    made = take_iterator(restored)
+    restored._iterator = made  # put back: the next iter() hands it out
+    resumed = iter(restored)
+    assert resumed is made and not holds_restored_iterator(restored)
+    assert [batch.tolist() for batch in resumed] == [[2, 3], [4, 5], [6, 7]]

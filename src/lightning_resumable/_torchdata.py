@@ -5,7 +5,9 @@ rank and the path, unless it has the structure the installed torchdata writes fo
 workers, with the library's own stream state in it for each worker. torchdata itself raises
 ``KeyError``/``RuntimeError`` on a damaged state, or restarts the stream from its start when the
 dataset's state is gone. The keys are torchdata's (``stateful_dataloader.py``; the same from 0.10
-to 0.11) and are tested against the installed release (``tests/test_torchdata_internals.py``).
+to 0.11) and are tested against the installed release (``tests/test_torchdata_internals.py``), as are
+the two private attributes of a ``StatefulDataLoader`` the stream loader reads: the iterator it holds
+(``_iterator``) and whether a ``state_dict()`` made it (``_initial_iter_for_state_dict``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 from lightning_resumable.errors import StateFormatError
 
-__all__ = ["check_loader_state", "torchdata_release", "torchdata_version"]
+__all__ = ["check_loader_state", "holds_restored_iterator", "take_iterator", "torchdata_release", "torchdata_version"]
 
 # What a state without workers holds (the main process's iterator), and the type of each value.
 _IN_PROCESS: dict[str, type | tuple[type, ...]] = {
@@ -50,6 +52,19 @@ _MAIN_SNAPSHOT: dict[str, type | tuple[type, ...]] = {
 _WORKER: dict[str, type | tuple[type, ...]] = {"worker_id": int, "fetcher_state": dict, "dataset_state": dict}
 _STREAM: dict[str, type | tuple[type, ...]] = {"stream": object, "yielded": int}
 """`lightning_resumable.streams.SeededStream`'s state: the user's stream's, and its sample count."""
+
+
+def holds_restored_iterator(loader: Any) -> bool:
+    """Whether ``loader``'s iterator was made by a ``state_dict()`` before its next ``iter()``, which hands
+    that iterator out instead of making another (after a restore, it holds the restored state)."""
+    return bool(loader._initial_iter_for_state_dict)
+
+
+def take_iterator(loader: Any) -> Any:
+    """``loader``'s last iterator (``None`` if it has none), which it no longer holds: the next ``iter()``
+    makes a new one."""
+    previous, loader._iterator = loader._iterator, None
+    return previous
 
 
 def torchdata_version() -> str:

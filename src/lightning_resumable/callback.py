@@ -34,8 +34,8 @@ from lightning_resumable.errors import (
     MissingStateError,
 )
 from lightning_resumable.format import STATE_KEY, Body, Envelope, StreamState, holds_no_state, parse
-from lightning_resumable.owners import LoaderOwner, LoadersOwner, Owner, SavePoint, StreamOwner, check_world_size
-from lightning_resumable.progress import BatchCount, partial_accumulation, refuse_partial_accumulation
+from lightning_resumable.owners import LoaderOwner, LoadersOwner, Owner, StreamOwner, check_world_size
+from lightning_resumable.progress import BatchCount, SavePoint, partial_accumulation, refuse_partial_accumulation
 from lightning_resumable.randomness import seed_training_step
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.signals import HeldPreemption

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
@@ -32,6 +31,7 @@ from lightning_resumable.format import (
     StreamState,
     describe,
 )
+from lightning_resumable.progress import SavePoint
 from lightning_resumable.sampled_loader import SampledLoader
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
@@ -66,27 +66,6 @@ STREAM_OFF_PATH = (
     " preemption by SIGTERM or SLURM's requeue signal is captured by every rank together and resumes). Resume"
     " from a checkpoint written during training (ModelCheckpoint)"
 )
-
-
-@dataclass(frozen=True)
-class SavePoint:
-    """Where a checkpoint is being written, as the callback counts it.
-
-    ``collective``: every rank saves in step (a ``ModelCheckpoint``), so they may exchange their
-    parts; ``False`` on an exception or signal path, where no rank may wait for another.
-    ``complete``: the epoch's batches are all trained; ``next_epoch``: and Lightning's loop resumes
-    in the next epoch (else it first ends this one, and the state says this epoch, complete).
-    """
-
-    seed: int
-    epoch: int
-    batches: int
-    complete: bool
-    next_epoch: bool
-    rank: int
-    world_size: int
-    collective: bool
-    verify: bool
 
 
 class Owner(ABC):

@@ -8,9 +8,9 @@ the first batch the iterator hands out is digested before it trains, and compare
 (`lightning_resumable.owners`).
 
 Only the last two batches are kept, by reference: the one training and the one read ahead, which
-Lightning (or the iterator) holds anyway. The iterator's ``_next_data`` is wrapped on the instance (torch's
-``_BaseDataLoaderIter.__next__`` calls it for each batch and counts ``_num_yielded``), so the
-iterator's class stays torch's, as Lightning's worker shutdown checks.
+Lightning (or the iterator) holds anyway. The iterator's batch reading is wrapped on the instance
+(`lightning_resumable._torch`), so the iterator's class stays torch's, as Lightning's worker shutdown
+checks.
 """
 
 from __future__ import annotations
@@ -21,12 +21,19 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
+from lightning_resumable._torch import (
+    batches_handed_out,
+    iterator_factory,
+    next_batch_function,
+    replace_next_batch,
+    set_iterator_factory,
+)
 from lightning_resumable.verification import digest_of
 
 __all__ = ["ProducedBatches", "watch_loader"]
 
 _KEPT = 2
-_UNWATCHED = "_lightning_resumable_unwatched_get_iterator"
+_UNWATCHED = "_lightning_resumable_unwatched_iterator_factory"
 
 Where = tuple[int, int, int]
 """(epoch, cycle, batch index in that cycle of the epoch)."""
@@ -78,23 +85,24 @@ class ProducedBatches:
 
     def watch(self, iterator: Any) -> Any:
         """``iterator``, each batch it hands out recorded here (no reference from it back to itself)."""
-        if getattr(iterator, "_next_data", None) is None or not hasattr(iterator, "_num_yielded"):
+        unbound = next_batch_function(iterator)
+        if unbound is None:
             return iterator  # not torch's iterator: nothing to watch
-        unbound, reference, record = type(iterator)._next_data, weakref.ref(iterator), self
-        ahead: list[tuple[int, Any]] = []  # (``_num_yielded`` when read, the batch or what its read raised)
+        reference, record = weakref.ref(iterator), self
+        ahead: list[tuple[int, Any]] = []  # (batches handed out when read, the batch or what its read raised)
 
         def read(watched: Any) -> Any:
-            yielded_before = watched._num_yielded
+            yielded_before = batches_handed_out(watched)
             batch = unbound(watched)
             record._produced(batch, yielded_before)
             return batch
 
-        def _next_data() -> Any:
+        def next_batch() -> Any:
             watched = reference()
             assert watched is not None
             if ahead:
                 read_at, item = ahead.pop()
-                if read_at == watched._num_yielded:  # else a pass reset since (persistent workers)
+                if read_at == batches_handed_out(watched):  # else a pass reset since (persistent workers)
                     if isinstance(item, Exception):
                         raise item  # the pass's end, or a failed fetch: where it would have been raised
                     return item
@@ -102,14 +110,16 @@ class ProducedBatches:
 
         def read_ahead(batch: int) -> None:
             watched = reference()
-            if watched is None or ahead or record._start is None or record._start[2] + watched._num_yielded != batch:
+            if watched is None or ahead or record._start is None:
+                return
+            if record._start[2] + batches_handed_out(watched) != batch:
                 return
             try:
-                ahead.append((watched._num_yielded, read(watched)))
+                ahead.append((batches_handed_out(watched), read(watched)))
             except Exception as raised:
-                ahead.append((watched._num_yielded, raised))
+                ahead.append((batches_handed_out(watched), raised))
 
-        iterator._next_data = _next_data
+        replace_next_batch(iterator, next_batch)
         self._read_ahead = read_ahead
         return iterator
 
@@ -120,6 +130,6 @@ _MISSING = object()
 def watch_loader(loader: DataLoader[Any], produced: ProducedBatches) -> None:
     """Record in ``produced`` every batch of every iterator ``loader`` makes from now on (replacing a
     previous watch of the same loader)."""
-    make = loader.__dict__.get(_UNWATCHED) or loader._get_iterator
+    make = loader.__dict__.get(_UNWATCHED) or iterator_factory(loader)
     loader.__dict__[_UNWATCHED] = make
-    loader._get_iterator = lambda: produced.watch(make())  # type: ignore[method-assign]
+    set_iterator_factory(loader, lambda: produced.watch(make()))

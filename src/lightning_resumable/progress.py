@@ -1,7 +1,10 @@
 """Where the trained data stands in Lightning's loop: the epoch's batch index as the data counts it,
-and whether a save falls inside a gradient accumulation window."""
+where a checkpoint is written (`SavePoint`), and whether a save falls inside a gradient accumulation
+window."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
@@ -9,7 +12,28 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning_resumable.errors import PartialAccumulationError
 from lightning_resumable.format import PartialAccumulation
 
-__all__ = ["BatchCount", "partial_accumulation", "refuse_partial_accumulation"]
+__all__ = ["BatchCount", "SavePoint", "partial_accumulation", "refuse_partial_accumulation"]
+
+
+@dataclass(frozen=True)
+class SavePoint:
+    """Where a checkpoint is being written, as the callback counts it.
+
+    ``collective``: every rank saves in step (a ``ModelCheckpoint``), so they may exchange their
+    parts; ``False`` on an exception or signal path, where no rank may wait for another.
+    ``complete``: the epoch's batches are all trained; ``next_epoch``: and Lightning's loop resumes
+    in the next epoch (else it first ends this one, and the state says this epoch, complete).
+    """
+
+    seed: int
+    epoch: int
+    batches: int
+    complete: bool
+    next_epoch: bool
+    rank: int
+    world_size: int
+    collective: bool
+    verify: bool
 
 
 class BatchCount:

@@ -9,7 +9,8 @@ created, or whether the run was interrupted. Nothing is persisted: the seeds are
   the sampler together with the order).
 - `SampleSeededDataset` wraps the user's dataset: before each sample is fetched it seeds the
   global generators that augmentation code draws from (torch's default CPU generator, Python's
-  ``random``, NumPy's global ``RandomState``), and the generators the dataset and its transforms
+  ``random``, NumPy's global ``RandomState``; the last two only while the dataset draws from them,
+  `lightning_resumable.watched_globals`), and the generators the dataset and its transforms
   hold themselves (`lightning_resumable.held_generators`: albumentations' ``Compose``). In the
   main process (``num_workers=0``) it can restore their state after the batch, so fetching does
   not disturb the training step's stream; under Lightning that is needed only when the callback
@@ -34,6 +35,7 @@ from lightning_resumable._keys import Domain, explicit_generator_seed, step_seed
 from lightning_resumable.errors import NotInSampleFetchError
 from lightning_resumable.held_generators import HeldGenerators
 from lightning_resumable.order import position_hash
+from lightning_resumable.watched_globals import WatchedGlobals, seed_generators
 
 __all__ = [
     "SampleKey",
@@ -49,7 +51,6 @@ __all__ = [
 SampleKey = tuple[int, int]
 """What the sampler hands to `SampleSeededDataset` per sample: ``(dataset index, sample seed)``."""
 
-_MASK32 = 0xFFFFFFFF
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -85,9 +86,7 @@ def seed_global_generators(seed: int) -> None:
     32), so their streams are not copies of one another. ``torch.manual_seed`` is not used: it also
     seeds every accelerator backend and costs about 100 times more.
     """
-    torch.default_generator.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed((seed >> 32) & _MASK32)
+    seed_generators(seed)
 
 
 def seed_training_step(seed: int, epoch: int, batch_index: int) -> None:
@@ -189,6 +188,11 @@ def sample_rng() -> SampleRng:
 
 
 # ---------------------------------------------------------------------------- the dataset wrapper
+_WATCHED_FROM = 4
+"""Batches of this many samples or more seed Python's and NumPy's generators only while drawn from
+(`lightning_resumable.watched_globals`: a batch's comparison costs what seeding 3 samples costs)."""
+
+
 class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
     """A pass-through wrapper that fetches each sample under its own seed.
 
@@ -222,6 +226,7 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
         self.restore_globals = restore_globals
         self.collate_fn = collate_fn
         self.held = HeldGenerators()
+        self.watched = WatchedGlobals()
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]  # map-style datasets are sized
@@ -249,18 +254,23 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
         restore_globals = self.restore_globals if restore_globals is None else restore_globals
         in_main_process = get_worker_info() is None
         saved = GlobalGeneratorState() if seed_globals and restore_globals and in_main_process else None
-        samples = []
         try:
-            for index, seed in keys:
-                begin_sample(seed, seed_globals)
-                if seed_globals:
-                    self.held.reseed(self.dataset, seed)
-                samples.append(self.dataset[index])
+            if not seed_globals:
+                return [self._fetch_one(index, seed, seeded=False) for index, seed in keys]
+            if len(keys) < _WATCHED_FROM:  # comparing their states would cost more than seeding them
+                return [self._fetch_one(index, seed) for index, seed in keys]
+            return self.watched.fetch(keys, self._fetch_one)  # Python's and NumPy's seeded while drawn from
         finally:
             end_sample()
             if saved is not None:
                 saved.restore()
-        return samples
+
+    def _fetch_one(self, index: int, seed: int, python: bool = True, numpy: bool = True, seeded: bool = True) -> T_co:
+        begin_sample(seed, False)
+        if seeded:
+            seed_generators(seed, python, numpy)
+            self.held.reseed(self.dataset, seed)
+        return self.dataset[index]
 
 
 def seed_each_sample(

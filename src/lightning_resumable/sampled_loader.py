@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
@@ -24,6 +24,7 @@ from lightning_resumable.contract import check_contract
 from lightning_resumable.errors import IncompatibleStateError, InconsistentRankStateError
 from lightning_resumable.format import BatchFingerprint, LoaderState
 from lightning_resumable.produced import ProducedBatches, watch_loader
+from lightning_resumable.progress import SavePoint
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
 from lightning_resumable.verification import (
@@ -33,9 +34,6 @@ from lightning_resumable.verification import (
     digest_of,
     fingerprint_next_batch,
 )
-
-if TYPE_CHECKING:
-    from lightning_resumable.owners import SavePoint
 
 __all__ = ["SampledLoader"]
 

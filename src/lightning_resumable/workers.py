@@ -22,7 +22,6 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import sys
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,6 +30,14 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader
 
+from lightning_resumable._torch import (
+    MakesIterators,
+    has_shut_down,
+    iterator_factory,
+    retire_iterator,
+    set_iterator_factory,
+    uses_worker_processes,
+)
 from lightning_resumable.signals import LeaveSigtermToRank
 
 __all__ = [
@@ -81,13 +88,13 @@ def forking(make: Callable[[], Any]) -> Iterator[Any]:
     with garbage_collector_paused():
         iterator = make()
     yield iterator
-    if hasattr(iterator, "_workers"):  # a multi-process iterator: its threads end when its pass does
+    if uses_worker_processes(iterator):  # its threads end when its pass does
         _iterators.add(iterator)
 
 
 def retire_ended() -> None:
     """Wait for the feeder threads of every shut-down iterator of the library's loaders to end."""
-    for ended in [each for each in _iterators if getattr(each, "_shutdown", False)]:
+    for ended in [each for each in _iterators if has_shut_down(each)]:
         retire(ended)  # torch shut its workers down at its pass's end; its feeder threads may still be ending
         _iterators.discard(ended)
 
@@ -95,19 +102,10 @@ def retire_ended() -> None:
 def retire(iterator: object) -> None:
     """Shut down a loader iterator's workers and wait until its processes and feeder threads have ended.
 
-    Idempotent; a single-process iterator (``num_workers=0``) has nothing to retire. Uses
-    ``torch.utils.data``'s ``_shutdown_workers``, ``_workers`` and ``_index_queues`` and
-    ``multiprocessing.Queue``'s ``_thread``: the only way to wait for them.
+    Idempotent; a single-process iterator (``num_workers=0``) has nothing to retire (torch's
+    internals: `lightning_resumable._torch`).
     """
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if callable(shutdown):
-        shutdown()  # joins the workers (terminating stragglers) and closes the index queues
-    for worker in getattr(iterator, "_workers", ()):
-        worker.join(timeout=_JOIN_TIMEOUT_S)
-    for queue in getattr(iterator, "_index_queues", ()):
-        feeder = getattr(queue, "_thread", None)
-        if isinstance(feeder, threading.Thread) and feeder is not threading.current_thread():
-            feeder.join(timeout=_JOIN_TIMEOUT_S)
+    retire_iterator(iterator, _JOIN_TIMEOUT_S)
 
 
 def forks_workers(loader: DataLoader[Any]) -> bool:
@@ -166,22 +164,22 @@ def leave_sigterm_to_rank(loader: DataLoader[Any]) -> None:
         loader.worker_init_fn = LeaveSigtermToRank(loader.worker_init_fn)
 
 
-class RetiringLoader(DataLoader[Any]):
+class RetiringLoader(MakesIterators, DataLoader[Any]):
     """A ``DataLoader`` that retires its previous iterator before it forks the next one's workers."""
 
-    def _get_iterator(self) -> Any:
-        return _iterator_after_retiring(self, super()._get_iterator)
+    def make_iterator(self, make: Callable[[], Any]) -> Any:
+        return _iterator_after_retiring(self, make)
 
 
-class ForkingEachPass:
+class ForkingEachPass(MakesIterators):
     """A mixin for a data library's loader that makes a new torch iterator each pass (LitData's,
     Mosaic's): each made as `forking` makes it, and every one still alive retired at the end of a
     fit. An iterator Lightning left unexhausted (``max_steps``, a preemption, the read-ahead of a
     save) keeps its workers waiting on their index queues; at the interpreter's exit
     multiprocessing would join them for ever (they leave the SIGTERM it sends to their rank)."""
 
-    def _get_iterator(self) -> Any:
-        with forking(super()._get_iterator) as iterator:  # type: ignore[misc]
+    def make_iterator(self, make: Callable[[], Any]) -> Any:
+        with forking(make) as iterator:
             pass
         self.__dict__.setdefault("_made_iterators", weakref.WeakSet()).add(iterator)
         return iterator
@@ -201,10 +199,10 @@ def worker_safe(loader: DataLoader[Any]) -> DataLoader[Any]:
     """``loader`` itself, retiring its previous iterator before each fork as a `RetiringLoader` does.
 
     For a user's ``DataLoader`` subclass that Lightning rebuilt: its class stays its own, and only
-    this instance's ``_get_iterator`` is wrapped.
+    this instance's iterator factory is wrapped.
     """
     if isinstance(loader, RetiringLoader):
         return loader
-    make = loader._get_iterator
-    loader._get_iterator = lambda: _iterator_after_retiring(loader, make)  # type: ignore[method-assign]
+    make = iterator_factory(loader)
+    set_iterator_factory(loader, lambda: _iterator_after_retiring(loader, make))
     return loader

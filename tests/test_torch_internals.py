@@ -1,0 +1,86 @@
+"""torch's private ``DataLoader`` names that `lightning_resumable._torch` uses, against the installed torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_resumable._torch import (
+    MakesIterators,
+    batches_handed_out,
+    has_shut_down,
+    iterator_factory,
+    next_batch_function,
+    replace_next_batch,
+    retire_iterator,
+    set_iterator_factory,
+    uses_worker_processes,
+)
+
+DATA = list(range(12))
+
+
+def test_every_iterator_is_made_through_the_factory() -> None:
+    loader = DataLoader(DATA, batch_size=4)
+    made: list[Any] = []
+    make = iterator_factory(loader)
+    set_iterator_factory(loader, lambda: made.append(make()) or made[-1])
+    iterator = iter(loader)
+    assert made == [iterator]
+    assert [batch.tolist() for batch in iterator] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert type(loader) is DataLoader
+
+
+def test_a_loader_class_with_the_mixin_makes_its_iterators_through_make_iterator() -> None:
+    class Counting(MakesIterators, DataLoader[Any]):
+        made = 0
+
+        def make_iterator(self, make: Any) -> Any:
+            Counting.made += 1
+            return make()
+
+    loader = Counting(DATA, batch_size=6, num_workers=0)
+    for _ in range(2):
+        assert len(list(loader)) == 2
+    assert Counting.made == 2
+
+
+def test_each_batch_is_read_through_the_replaced_function_and_counted() -> None:
+    iterator = iter(DataLoader(DATA, batch_size=4))
+    read = next_batch_function(iterator)
+    assert read is not None
+    seen: list[int] = []
+
+    def reading() -> Any:
+        seen.append(batches_handed_out(iterator))
+        return read(iterator)
+
+    replace_next_batch(iterator, reading)
+    assert len(list(iterator)) == 3
+    assert seen == [0, 1, 2, 3] and batches_handed_out(iterator) == 3, "the fourth read ended the pass"
+    assert next_batch_function(iter([1, 2])) is None, "not torch's iterator"
+
+
+def test_a_worker_iterator_is_retired_with_its_processes_and_feeder_threads() -> None:
+    loader = DataLoader(DATA, batch_size=2, num_workers=2, multiprocessing_context="fork")
+    iterator = iter(loader)
+    assert uses_worker_processes(iterator) and not uses_worker_processes(iter(DataLoader(DATA)))
+    next(iterator)
+    assert not has_shut_down(iterator)
+    workers, queues = list(iterator._workers), list(iterator._index_queues)  # type: ignore[attr-defined]
+    assert workers and all(worker.is_alive() for worker in workers)
+    assert all(queue._thread is not None for queue in queues), "feeder threads started by the first indices"
+    retire_iterator(iterator, timeout=30.0)
+    assert has_shut_down(iterator)
+    assert not any(worker.is_alive() for worker in workers)
+    assert not any(queue._thread.is_alive() for queue in queues)
+    retire_iterator(iterator, timeout=30.0)  # idempotent
+    retire_iterator(iter(DataLoader(DATA)), timeout=30.0)  # a single-process one: nothing to do
+
+
+def test_a_finished_pass_shuts_its_workers_down() -> None:
+    iterator = iter(DataLoader(DATA, batch_size=6, num_workers=2, multiprocessing_context="fork"))
+    assert [batch.shape for batch in iterator] == [torch.Size([6]), torch.Size([6])]
+    assert has_shut_down(iterator)
