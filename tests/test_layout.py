@@ -10,7 +10,17 @@ import lightning_resumable
 PACKAGE = Path(lightning_resumable.__file__).parent
 CORE = {
     *("_keys", "_torch", "_torchdata", "order", "draws", "batches", "state", "passes", "sampler", "watched_globals"),
-    *("randomness", "format", "verification", "contract", "libraries", "errors", "held_generators", "produced"),
+    *(
+        "randomness",
+        "format",
+        "verification",
+        "contract",
+        "libraries",
+        "errors",
+        "held_generators",
+        "produced",
+        "settings",
+    ),
 }
 IMPORT = re.compile(r"^\s*from lightning_resumable(?:\.(\w+))? import \(?\s*(\w+)", re.MULTILINE)
 MODULES = {path.stem for path in PACKAGE.glob("*.py")}

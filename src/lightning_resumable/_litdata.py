@@ -31,6 +31,7 @@ from litdata.streaming.sampler import ChunkedIndex
 from lightning_resumable import randomness
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.recording import PassRecord, RecordedLoader
+from lightning_resumable.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, refuse_persistent_workers
 from lightning_resumable.workers import ForkingEachPass, leave_sigterm_to_rank, warn_once_on_affected_python
 
 __all__ = ["LitDataLoader", "make_litdata_resumable"]
@@ -115,21 +116,9 @@ def make_litdata_resumable(loader: Any, *, seed: int, epoch_source: Callable[[],
             " over the workers, and its resume then reads other samples (seen: a sample trained twice and"
             " another never, 2 workers). It resumes exactly with num_workers=0"
         )
-    if loader.num_workers > 0 and loader.persistent_workers:
-        raise UnsupportedLoaderError("LitData's loader with persistent_workers=True; pass persistent_workers=False")
+    refuse_persistent_workers(loader, "LitData's loader")
     for stream, each in enumerate(datasets):  # a combined dataset's samples share their indices
         randomness.seed_each_sample(each, seed, _epoch_of, _index_of, stream)
-    extra: dict[str, Any] = {}
-    if loader.num_workers > 0:
-        extra = {"prefetch_factor": loader.prefetch_factor, "multiprocessing_context": loader.multiprocessing_context}
-    return LitDataLoader(
-        dataset,
-        batch_size=loader.batch_size,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn.collate_fn if own else loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        epoch_source=epoch_source,
-        **extra,
-    )
+    collate_fn = loader.collate_fn.collate_fn if own else loader.collate_fn  # LitData's wraps the user's
+    settings = forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn)
+    return LitDataLoader(dataset, epoch_source=epoch_source, **settings)

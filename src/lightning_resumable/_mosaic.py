@@ -34,6 +34,7 @@ from streaming import StreamingDataLoader, StreamingDataset
 from lightning_resumable import randomness
 from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoaderError
 from lightning_resumable.recording import PassRecord, RecordedLoader
+from lightning_resumable.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, refuse_persistent_workers
 from lightning_resumable.workers import ForkingEachPass, leave_sigterm_to_rank, warn_once_on_affected_python
 
 __all__ = ["MosaicLoader", "make_mosaic_resumable"]
@@ -162,24 +163,7 @@ def make_mosaic_resumable(
             f" batch_size={loader.batch_size}: Mosaic partitions each epoch by the dataset's batch size, so"
             f" a resume is exact only when both are the same; pass batch_size={loader.batch_size} to the dataset"
         )
-    if loader.num_workers > 0 and loader.persistent_workers:
-        raise UnsupportedLoaderError(
-            "MosaicML Streaming's loader with persistent_workers=True; pass persistent_workers=False"
-        )
+    refuse_persistent_workers(loader, "MosaicML Streaming's loader")
     randomness.seed_each_sample(dataset, seed, _epoch_of, int)
-    extra: dict[str, Any] = {}
-    if loader.num_workers > 0:
-        extra = {"prefetch_factor": loader.prefetch_factor, "multiprocessing_context": loader.multiprocessing_context}
-    return MosaicLoader(
-        dataset,
-        batch_size=loader.batch_size,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        epoch_source=epoch_source,
-        world_size=world_size,
-        **extra,
-    )
+    settings = forwarded_settings(loader, (*DATA_LIBRARY_SETTINGS, "drop_last"))
+    return MosaicLoader(dataset, epoch_source=epoch_source, world_size=world_size, **settings)

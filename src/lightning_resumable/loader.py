@@ -54,10 +54,14 @@ from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.libraries import is_of, refuse_unsupported
 from lightning_resumable.randomness import SampleSeededDataset
 from lightning_resumable.sampler import ResumableSampler
+from lightning_resumable.settings import TORCH_SETTINGS, forwarded_settings, refuse_persistent_workers
 from lightning_resumable.streams import SeededStream, StreamLoader, StreamReader
 from lightning_resumable.workers import WorkerSafeDataLoader, worker_safe
 
 __all__ = ["make_resumable"]
+
+_STREAM_SETTINGS = tuple(name for name in TORCH_SETTINGS if name != "in_order")
+"""A stream loader's: ``in_order=False`` is refused, and torchdata 0.10's loader does not take it."""
 
 
 def _draws_of(sampler: object, dataset_size: int) -> Draws:
@@ -242,27 +246,11 @@ def _rebuilt(
     collate_fn: Any,
 ) -> DataLoader[Any]:
     """``loader`` with another dataset, sampler and collation; every other setting kept."""
-    extra: dict[str, Any] = {}
-    if loader.num_workers > 0:
-        extra["prefetch_factor"] = loader.prefetch_factor
-        extra["persistent_workers"] = loader.persistent_workers
-    if hasattr(loader, "in_order"):  # torch's DataLoader has it; torchdata 0.10's StatefulDataLoader does not
-        extra["in_order"] = loader.in_order
-    return WorkerSafeDataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=loader.num_workers,
-        collate_fn=collate_fn,
-        pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last if batch_size is not None else False,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator,
-        pin_memory_device=loader.pin_memory_device,
-        **extra,
+    drop_last = loader.drop_last if batch_size is not None else False
+    settings = forwarded_settings(
+        loader, TORCH_SETTINGS, batch_size=batch_size, collate_fn=collate_fn, drop_last=drop_last
     )
+    return WorkerSafeDataLoader(dataset, sampler=sampler, **settings)
 
 
 def make_stream_resumable(
@@ -309,11 +297,12 @@ def make_stream_resumable(
             " state_dict()/load_state_dict() (torchdata's Stateful protocol), as Hugging Face's"
             " datasets.IterableDataset has"
         )
-    if loader.num_workers > 0 and loader.persistent_workers:
-        raise UnsupportedLoaderError(
-            "a stream loader with persistent_workers=True keeps each worker's copy of the stream from the first"
-            " epoch, so neither the epoch nor a restored state would reach it; pass persistent_workers=False"
-        )
+    refuse_persistent_workers(
+        loader,
+        "a stream loader",
+        "each worker would keep its copy of the stream from the first epoch, so neither the epoch nor a"
+        " restored state would reach it",
+    )
     if not getattr(loader, "in_order", True):
         raise UnsupportedLoaderError(
             "a stream loader with in_order=False has no reproducible order; pass in_order=True"
@@ -325,24 +314,11 @@ def make_stream_resumable(
         seed_globals=seed_samples,
         restore_globals=restore_globals,
     )
-    extra: dict[str, Any] = {}
-    if loader.num_workers > 0:
-        extra["prefetch_factor"] = loader.prefetch_factor
     made = StreamLoader(
         stream,
-        batch_size=loader.batch_size,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator,
-        pin_memory_device=loader.pin_memory_device,
         snapshot_every_n_steps=1,  # every worker's state with every batch: a restore replays nothing
         epoch_source=epoch_source,
-        **extra,
+        **forwarded_settings(loader, _STREAM_SETTINGS),
     )
     made.inexact = buffer is not None  # its resumes are not exact: not verified either
     return made

@@ -1,0 +1,32 @@
+"""A user's loader's settings carried over once, with the settings torch takes only with workers."""
+
+from __future__ import annotations
+
+import pytest
+from torch.utils.data import DataLoader
+
+from lightning_resumable import UnsupportedLoaderError
+from lightning_resumable.settings import TORCH_SETTINGS, forwarded_settings, refuse_persistent_workers
+
+DATA = list(range(8))
+
+
+def test_every_setting_of_a_loader_with_workers_is_carried_over() -> None:
+    loader = DataLoader(DATA, batch_size=3, num_workers=2, prefetch_factor=5, persistent_workers=True, timeout=7)
+    settings = forwarded_settings(loader, TORCH_SETTINGS, batch_size=None)
+    assert settings["batch_size"] is None and settings["prefetch_factor"] == 5 and settings["timeout"] == 7
+    assert settings["persistent_workers"] is True and settings["num_workers"] == 2
+    rebuilt = DataLoader(DATA, **settings)
+    assert all(getattr(rebuilt, name) == value for name, value in settings.items())
+
+
+def test_without_workers_the_worker_only_settings_are_left_out() -> None:
+    settings = forwarded_settings(DataLoader(DATA, batch_size=2), TORCH_SETTINGS)
+    assert not {"prefetch_factor", "persistent_workers", "multiprocessing_context"} & set(settings)
+    assert next(iter(DataLoader(DATA, **settings))).tolist() == [0, 1]
+
+
+def test_persistent_workers_are_refused_naming_the_loader() -> None:
+    refuse_persistent_workers(DataLoader(DATA, num_workers=0), "a loader")
+    with pytest.raises(UnsupportedLoaderError, match="a stream loader with persistent_workers=True: why"):
+        refuse_persistent_workers(DataLoader(DATA, num_workers=1, persistent_workers=True), "a stream loader", "why")
