@@ -205,9 +205,7 @@ def cost_per_batch(rounds: int = 40) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--fit"]:
-        print(fit(int(sys.argv[2]), sys.argv[3] == "library", int(sys.argv[4])))
-    elif sys.argv[1:2] == ["--cost"]:
+    if sys.argv[1:2] == ["--cost"]:
         cost_per_batch()
     else:
         main()
