@@ -81,14 +81,13 @@ def state_bytes() -> int:
     """Bytes the data state (without fingerprints) adds to a ``torch.save`` checkpoint."""
     sampler = ResumableSampler(IndexDataset(10**9), 1024, 0, seed=2**31 - 1, batch_size=32)
     sampler.set_epoch(999)
-    sampler.set_consumed_batches(12345)
 
     def saved(callbacks: dict[str, object]) -> int:
         buffer = io.BytesIO()
         torch.save({"callbacks": callbacks}, buffer)
         return len(buffer.getvalue())
 
-    return saved({"ResumableDataCallback": {"train": sampler.state_dict()}}) - saved({})
+    return saved({"ResumableDataCallback": {"train": sampler.state_dict(12345)}}) - saved({})
 
 
 def main() -> int:

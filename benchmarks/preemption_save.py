@@ -37,8 +37,7 @@ def seconds(world_size: int, ranks_fetched: int) -> float:
     loader = make_resumable(DataLoader(Decoded(), batch_size=8, shuffle=True), seed=1, num_replicas=world_size, rank=0)
     sampler = loader.sampler
     assert isinstance(sampler, ResumableSampler)
-    sampler.set_consumed_batches(100)
-    state = sampler.data_state()
+    state = sampler.data_state(100)
     start = time.perf_counter()
     for rank in range(ranks_fetched):
         fingerprint_next_batch(loader, state, rank, world_size)

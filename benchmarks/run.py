@@ -127,8 +127,7 @@ def throughput_table(size: int, repeats: int) -> None:
 def state_size_table() -> None:
     sampler = ResumableSampler(IndexDataset(10**9), 1024, 0, seed=2**31 - 1, batch_size=BATCH_SIZE)
     sampler.set_epoch(999)
-    sampler.set_consumed_batches(12345)
-    state = {"train": sampler.state_dict()}
+    state = {"train": sampler.state_dict(12345)}
 
     def saved_bytes(callbacks: dict[str, Any]) -> int:
         buffer = io.BytesIO()
@@ -325,8 +324,7 @@ def standard_sampler_table(sizes: list[int], rounds: int) -> None:
                 DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler), seed=1, num_replicas=WORLD_SIZE, rank=0
             )
             ours_sampler: Any = loader.sampler
-            ours_sampler.set_consumed_batches(batches_done)
-            state = ours_sampler.state_dict()
+            state = ours_sampler.state_dict(batches_done)
 
             def ours() -> None:
                 ours_sampler.load_state_dict(state)  # noqa: B023

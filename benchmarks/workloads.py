@@ -91,8 +91,7 @@ def measure_restore(method: str, size: int) -> dict[str, float]:
     if method == "lightning_resumable":
         sampler = ResumableSampler(dataset, WORLD_SIZE, 0, seed=1, batch_size=BATCH_SIZE)
         loader = DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)
-        sampler.set_consumed_batches(batches_done)
-        state = sampler.state_dict()
+        state = sampler.state_dict(batches_done)
         restore = lambda: sampler.load_state_dict(state)  # noqa: E731
     else:
         sampler_type = DistributedSampler if method.startswith("DistributedSampler") else StatefulDistributedSampler

@@ -4,23 +4,32 @@ saves mid-run, and `assert_resumes_exactly`, the stop-and-resume check (torchdat
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from lightning.pytorch.utilities import CombinedLoader
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset, get_worker_info
 
 from lightning_resumable import ResumableDataCallback, ResumableDataModule
+from lightning_resumable.loader import make_stream_resumable
+from lightning_resumable.streams import StreamLoader
 
 __all__ = [
+    "Counting",
     "Data",
     "Model",
     "PlainData",
     "SaveAtStep",
+    "Several",
     "assert_resumes_exactly",
     "checkpoint_with_callback",
+    "ids",
+    "loader_state",
+    "stream_loader",
     "trainer",
 ]
 
@@ -110,3 +119,58 @@ def assert_resumes_exactly(
     steps: list[Any] = full.seen  # type: ignore[assignment]
     assert stopped.seen[:stop] + resumed.seen == steps  # type: ignore[operator]
     return steps
+
+
+# Several map-style loaders, and a stream: shared by the tests of owners, the audit, the parser.
+def ids(size: int, offset: int) -> TensorDataset:
+    return TensorDataset(torch.arange(offset, offset + size).float().unsqueeze(1))
+
+
+class Several(ResumableDataModule, L.LightningDataModule):
+    def __init__(self, keys: tuple[str, str] = ("a", "b"), mode: str = "max_size_cycle") -> None:
+        super().__init__()
+        self.keys, self.mode = keys, mode
+
+    def train_dataloader(self) -> Any:
+        long, short = (
+            DataLoader(ids(size, offset), batch_size=2, shuffle=True) for size, offset in ((12, 0), (5, 100))
+        )
+        return CombinedLoader({self.keys[0]: long, self.keys[1]: short}, self.mode)  # type: ignore[arg-type]
+
+
+class Counting(IterableDataset[torch.Tensor]):
+    """Ids 0..size-1, split across workers; each sample carries a draw from the global generator."""
+
+    def __init__(self, size: int = 24) -> None:
+        self.size, self.position, self._start = size, 0, 0
+
+    def __iter__(self) -> Any:
+        worker = get_worker_info()
+        mine = list(range(self.size))[worker.id :: worker.num_workers] if worker else list(range(self.size))
+        self.position, self._start = self._start, 0
+        while self.position < len(mine):
+            self.position += 1
+            yield torch.tensor([float(mine[self.position - 1]), random.random()])
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = self._start = state["position"]
+
+
+def stream_loader(num_workers: int, epoch: int = 0) -> StreamLoader:
+    user = DataLoader(Counting(), batch_size=2, num_workers=num_workers)
+    return make_stream_resumable(
+        user, seed=5, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: epoch
+    )
+
+
+def loader_state(num_workers: int) -> dict[str, Any]:
+    """A real stream loader's state after 2 batches (torchdata's form, with each worker's stream state)."""
+    loader = stream_loader(num_workers)
+    batches = iter(loader)
+    next(batches), next(batches)
+    state = loader.state_after(2)
+    loader.retire_workers()
+    return state

@@ -14,8 +14,7 @@ import torch
 from lightning_resumable import ResumableDataCallback
 from lightning_resumable.audit import first_divergence, read_audit
 
-from .helpers import Data, SaveAtStep, trainer
-from .test_several_loaders import Several
+from .helpers import Data, SaveAtStep, Several, trainer
 
 
 class Recording(L.LightningModule):

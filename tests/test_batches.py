@@ -79,8 +79,7 @@ def test_a_restore_at_any_batch_continues_the_global_batch_stream_on_any_world_s
     global_batches = BatchDraws(Growing(11), 11).batches(4, epoch)
     writer: ResumableSampler = loader_for(Growing(11), world_size, 0).sampler  # type: ignore[assignment]
     writer.set_epoch(epoch)
-    writer.set_consumed_batches(int(fraction * len(writer)))
-    state = writer.state_dict()
+    state = writer.state_dict(int(fraction * len(writer)))
     rest: dict[int, list[int]] = {}
     for rank in range(new_world_size):
         restored: ResumableSampler = loader_for(Growing(11), new_world_size, rank).sampler  # type: ignore[assignment]

@@ -19,6 +19,7 @@ from lightning_resumable import (
     StateFormatError,
     WorldSizeChangedError,
 )
+from lightning_resumable.owners import LoaderOwner
 
 from .helpers import Data, Model, PlainData, SaveAtStep, assert_resumes_exactly, checkpoint_with_callback, trainer
 
@@ -163,7 +164,7 @@ def test_single_process_resume_is_exact(tmp_path: Path, monkeypatch: pytest.Monk
 def test_a_loader_built_mid_run_starts_at_the_trainers_epoch() -> None:
     """A reloaded loader may be iterated (workers prefetch) before Lightning's set_epoch."""
     sampler = ResumableSampler(range(16), num_replicas=1, rank=0)
-    ResumableDataCallback().attach(DataLoader(range(16), sampler=sampler), current_epoch=3)
+    ResumableDataCallback().take(LoaderOwner(DataLoader(range(16), sampler=sampler)), current_epoch=3)
     assert sampler.origin == (3, 0, 0)
 
 

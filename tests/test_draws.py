@@ -110,8 +110,7 @@ def test_a_restore_at_any_position_continues_the_global_stream(
     writer = ResumableSampler(range(23), world_size, 0, seed=5, batch_size=2, draws=draws)
     writer.set_epoch(epoch)
     consumed = int(stop_fraction * (len(writer) // 2))
-    writer.set_consumed_batches(consumed)
-    state = writer.state_dict()
+    state = writer.state_dict(consumed)
     position = state["position"]
     rest: dict[int, int] = {}
     for rank in range(new_world_size):

@@ -59,15 +59,13 @@ def test_a_plain_restore_under_fabric_is_refused_not_dropped() -> None:
 def test_set_epoch_keeps_working_as_distributed_samplers_around_a_restore() -> None:
     sampler = ResumableSampler(list(range(8)), num_replicas=1, rank=0, seed=1, batch_size=2)
     sampler.set_epoch(2)
-    sampler.set_consumed_batches(1)
-    state = sampler.state_dict()
+    state = sampler.state_dict(1)
     sampler.load_state_dict(state)
     sampler.set_epoch(2)  # the restored epoch: kept
     assert len(list(sampler)) == 6
     sampler.set_epoch(0)  # after the restored pass began: an ordinary epoch change
     assert len(list(sampler)) == 8
-    sampler.set_consumed_batches(4)
-    complete = sampler.state_dict()
+    complete = sampler.state_dict(4)
     sampler.load_state_dict(complete)
     sampler.set_epoch(1)  # a complete epoch 0 goes on with epoch 1
     assert len(list(sampler)) == 8

@@ -21,8 +21,9 @@ from lightning_resumable.format import (
 from lightning_resumable.state import DataState
 
 STATE = DataState(
-    seed=3, epoch=1, position=8, batches=2, dataset_size=20, shuffle=True, drop_last=False, batch_size=2, world_size=2
-)
+    seed=3, epoch=1, position=8, batches=2, dataset_size=20, shuffle=True, drop_last=False, batch_size=2,
+    world_size=2, anchor_position=0, anchor_batches=0, stream_length=20,
+)  # fmt: skip
 LOADER = LoaderState(STATE, dataset={"level": 1})
 LOADERS = LoadersState(seed=3, mode="max_size_cycle", loaders={"a": LOADER, "b": LoaderState(STATE)})
 STREAM = StreamState(

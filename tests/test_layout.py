@@ -20,6 +20,8 @@ CORE = {
         "held_generators",
         "produced",
         "settings",
+        "_parsing",
+        "stream_state",
     ),
 }
 IMPORT = re.compile(r"^\s*from lightning_resumable(?:\.(\w+))? import \(?\s*(\w+)", re.MULTILINE)
@@ -67,3 +69,16 @@ def test_the_callback_class_keeps_the_hooks_and_little_else() -> None:
     assert cls.end_lineno is not None and docstring.end_lineno is not None
     code_lines = cls.end_lineno - docstring.end_lineno
     assert code_lines <= 230, code_lines
+
+
+def test_no_test_module_imports_another() -> None:
+    """What tests share lives in ``helpers.py`` (and ``e2e/harness.py``, ``e2e/processes.py``), not in a test module."""
+    tests = Path(__file__).parent
+    importing = [
+        path.relative_to(tests).as_posix()
+        for path in tests.rglob("*.py")
+        if re.search(
+            r"^\s*from \.+(?:\w+\.)*test_\w+ import|^\s*from tests(?:\.\w+)*\.test_\w+ import", path.read_text(), re.M
+        )
+    ]
+    assert importing == []

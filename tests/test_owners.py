@@ -12,7 +12,8 @@ from torch.utils.data import IterableDataset
 
 from lightning_resumable.errors import IncompatibleStateError, WorldSizeChangedError
 from lightning_resumable.format import StreamState
-from lightning_resumable.owners import StreamOwner, check_world_size
+from lightning_resumable.owners import StreamOwner
+from lightning_resumable.world_size import check_world_size
 
 
 class Stream(IterableDataset[int]):
@@ -57,12 +58,12 @@ class Trainer:
 
 
 def test_the_world_size_policy_logs_an_elastic_resume_and_refuses_where_forbidden_or_inexact() -> None:
-    check_world_size(True, 2, 2, False, "here")  # the same world size: nothing to police
-    check_world_size(True, 2, 1, True, "here")
+    check_world_size(True, 2, 2, "not elastic", "here")  # the same world size: nothing to police
+    check_world_size(True, 2, 1, None, "here")
     with pytest.raises(WorldSizeChangedError, match="allow_world_size_change=False"):
-        check_world_size(False, 2, 1, True, "at epoch 1")
-    with pytest.raises(WorldSizeChangedError, match="same world size only"):
-        check_world_size(True, 2, 1, False, "at epoch 1")
+        check_world_size(False, 2, 1, None, "at epoch 1")
+    with pytest.raises(WorldSizeChangedError, match="epoch 1; same world size only"):
+        check_world_size(True, 2, 1, "same world size only", "at epoch 1")
 
 
 def test_a_global_stream_on_another_world_size_goes_through_the_policy() -> None:

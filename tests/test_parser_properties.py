@@ -36,14 +36,14 @@ from lightning_resumable.format import (
 from lightning_resumable.state import DataState
 from lightning_resumable.streams import state_for_rank
 
-from .test_streams import loader_state
+from .helpers import loader_state
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REFUSALS = (StateFormatError, IncompatibleStateError)
 
 DATA = DataState(
     seed=3, epoch=1, position=8, batches=2, dataset_size=20, shuffle=True, drop_last=False, batch_size=2,
-    world_size=2, anchor_position=0, anchor_batches=0,
+    world_size=2, anchor_position=0, anchor_batches=0, stream_length=20,
 )  # fmt: skip
 PRINTS = [BatchFingerprint("0123456789abcdef", "fedcba9876543210"), BatchFingerprint("0" * 16, "f" * 16)]
 

@@ -71,9 +71,8 @@ def test_same_world_size_resume_continues_every_rank_exactly(
         sampler = ResumableSampler(range(size), world_size, rank, seed=77, drop_last=drop_last, batch_size=batch_size)
         sampler.set_epoch(epoch)
         full_streams.append(list(sampler))
-        sampler.set_consumed_batches(consumed)
-        state = sampler.state_dict() if state is None else state
-        assert sampler.state_dict() == state, "every rank writes the same global state"
+        state = sampler.state_dict(consumed) if state is None else state
+        assert sampler.state_dict(consumed) == state, "every rank writes the same global state"
     assert state is not None
     for rank in range(world_size):
         restored = ResumableSampler(range(size), world_size, rank, seed=0, drop_last=drop_last, batch_size=batch_size)
@@ -107,8 +106,7 @@ def test_elastic_resume_consumes_every_sample_once_per_epoch(
     for rank in range(world_size):
         before += list(sampler(world_size, rank))[: consumed * batch_size]
     writer = sampler(world_size, 0)
-    writer.set_consumed_batches(consumed)
-    state = writer.state_dict()
+    state = writer.state_dict(consumed)
     if state["position"] >= size:
         restored = sampler(new_world_size, 0)
         restored.load_state_dict(state)
@@ -136,8 +134,7 @@ def test_elastic_resume_consumes_every_sample_once_per_epoch(
 def test_state_is_global_plain_and_small() -> None:
     sampler = ResumableSampler(range(10**9), num_replicas=8, rank=5, seed=42, batch_size=32)
     sampler.set_epoch(3)
-    sampler.set_consumed_batches(1000)
-    state = sampler.state_dict()
+    state = sampler.state_dict(1000)
     assert state["epoch"] == 3 and state["position"] == 1000 * 32 * 8 and state["seed"] == 42
     assert "rank" not in state
     assert len(json.dumps(state)) < 1024
@@ -156,9 +153,8 @@ def test_without_declared_consumption_state_counts_indices_handed_out() -> None:
 
 def test_set_epoch_starts_a_new_epoch_at_position_zero() -> None:
     sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
-    sampler.set_consumed_batches(2)
     restored = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
-    restored.load_state_dict(sampler.state_dict())
+    restored.load_state_dict(sampler.state_dict(2))
     assert len(list(restored)) == 12
     restored.set_epoch(1)
     assert len(list(restored)) == 20
@@ -168,9 +164,8 @@ def test_a_restore_applies_to_the_next_pass_only() -> None:
     """A second pass of the same epoch is a whole epoch, of the next cycle."""
     sampler = ResumableSampler(range(40), num_replicas=2, rank=1, batch_size=4)
     sampler.set_epoch(2)
-    sampler.set_consumed_batches(2)
     restored = ResumableSampler(range(40), num_replicas=2, rank=1, batch_size=4)
-    restored.load_state_dict(sampler.state_dict())
+    restored.load_state_dict(sampler.state_dict(2))
     whole_epoch = list(sampler)
     assert list(restored) == whole_epoch[8:]
     assert list(restored) == list(sampler)  # both in their second cycle now
@@ -196,9 +191,8 @@ def test_each_restart_within_an_epoch_is_a_fresh_cycle_and_restores_as_such() ->
     middle.set_epoch(1)
     list(middle)
     next(iter(middle))  # cycle 1 has started
-    middle.set_consumed_batches(2)
     restored = ResumableSampler(range(40), num_replicas=2, rank=0, seed=7, batch_size=4, passes="cycle")
-    restored.load_state_dict(middle.state_dict())
+    restored.load_state_dict(middle.state_dict(2))
     assert list(restored) == cycles[1][8:]
     assert list(restored) == cycles[2]
 
@@ -214,9 +208,8 @@ def test_an_abandoned_pass_is_not_a_cycle() -> None:
 def test_an_iterator_created_but_never_advanced_does_not_use_up_the_restore() -> None:
     """torch's multi-worker iterator calls iter(sampler) twice and iterates only the second."""
     sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
-    sampler.set_consumed_batches(3)
     restored = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
-    restored.load_state_dict(sampler.state_dict())
+    restored.load_state_dict(sampler.state_dict(3))
     iter(restored)  # the discarded one
     assert list(iter(restored)) == list(sampler)[12:]
 
@@ -250,8 +243,7 @@ def test_a_state_saved_after_the_last_sample_restores_to_the_pass_after_it(passe
     sampler.set_epoch(2)
     first_pass = list(sampler)
     second_pass = list(sampler)
-    sampler.set_consumed_batches(5)
-    saved = sampler.state_dict()
+    saved = sampler.state_dict(5)
     saved["cycle"] = 0  # saved after the first pass
     restored = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4, passes=passes)  # type: ignore[arg-type]
     restored.load_state_dict(saved)
@@ -334,19 +326,17 @@ def test_dataset_of_another_size_is_refused() -> None:
 
 def test_consumed_batches_before_the_restored_position_are_refused() -> None:
     sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
-    sampler.set_consumed_batches(3)
     restored = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
-    restored.load_state_dict(sampler.state_dict())
+    restored.load_state_dict(sampler.state_dict(3))
     with pytest.raises(ValueError, match="fewer than the batches at the restored position"):
-        restored.set_consumed_batches(2)
+        restored.data_state(2)
 
 
 def test_start_at_the_end_of_a_billion_samples_is_cheap() -> None:
     size = 10**9
     sampler = ResumableSampler(range(size), num_replicas=4, rank=3, seed=1, batch_size=32)
-    sampler.set_consumed_batches(size // (32 * 4) - 10)
     restored = ResumableSampler(range(size), num_replicas=4, rank=3, seed=1, batch_size=32)
-    restored.load_state_dict(sampler.state_dict())
+    restored.load_state_dict(sampler.state_dict(size // (32 * 4) - 10))
     tail = list(restored)
     assert len(tail) == 10 * 32
     assert all(0 <= index < size for index in tail)
@@ -401,3 +391,23 @@ def test_the_index_path_runs_on_one_thread_and_gives_the_callers_threads_back() 
         torch.set_num_threads(threads)
     assert seen_threads and set(seen_threads) == {1}
     assert [index for index, _ in indices] == list(ResumableSampler(range(1000), 2, 0, seed=5, batch_size=4))
+
+
+def test_the_anchor_is_where_the_world_size_took_over_and_a_handed_out_count_has_none() -> None:
+    """Saved after 3 batches of 4 on 2 processes (position 24) and restored on 1: 2 batches later the
+    position is 24 + 2 * 4 and the anchor (24, 3); restored on 2 again, the anchor is kept; a new epoch
+    starts from (0, 0). A count of handed-out indices may end inside a batch: it records no anchor."""
+    writer = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
+    resized = ResumableSampler(range(40), num_replicas=1, rank=0, batch_size=4)
+    resized.load_state_dict(writer.state_dict(3))
+    state = resized.data_state(5)
+    assert (state.position, state.anchor_position, state.anchor_batches) == (32, 24, 3)
+    same = ResumableSampler(range(40), num_replicas=1, rank=0, batch_size=4)
+    same.restore(state)
+    assert (same.data_state(6).position, same.data_state(6).anchor_position) == (36, 24)
+    assert len(list(same)) == 8  # the restored pass
+    same.set_epoch(1)
+    assert (same.data_state(1).position, same.data_state(1).anchor_position) == (4, 0)
+    iterator = iter(same)
+    next(iterator)
+    assert (same.data_state().position, same.data_state().anchor_position) == (1, None)

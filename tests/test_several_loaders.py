@@ -9,8 +9,7 @@ from typing import Any
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.utilities import CombinedLoader
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from lightning_resumable import (
     IncompatibleStateError,
@@ -19,23 +18,7 @@ from lightning_resumable import (
     UnsupportedLoaderError,
 )
 
-from .helpers import Data, SaveAtStep, assert_resumes_exactly, trainer
-
-
-def ids(size: int, offset: int) -> TensorDataset:
-    return TensorDataset(torch.arange(offset, offset + size).float().unsqueeze(1))
-
-
-class Several(ResumableDataModule, L.LightningDataModule):
-    def __init__(self, keys: tuple[str, str] = ("a", "b"), mode: str = "max_size_cycle") -> None:
-        super().__init__()
-        self.keys, self.mode = keys, mode
-
-    def train_dataloader(self) -> Any:
-        long, short = (
-            DataLoader(ids(size, offset), batch_size=2, shuffle=True) for size, offset in ((12, 0), (5, 100))
-        )
-        return CombinedLoader({self.keys[0]: long, self.keys[1]: short}, self.mode)  # type: ignore[arg-type]
+from .helpers import Counting, Data, SaveAtStep, Several, assert_resumes_exactly, ids, trainer
 
 
 class Model(L.LightningModule):
@@ -85,8 +68,6 @@ def test_a_checkpoint_of_one_loader_is_refused_for_several_and_the_reverse(tmp_p
 
 
 def test_a_stream_among_several_loaders_is_refused(tmp_path: Path) -> None:
-    from .test_streams import Counting
-
     class WithStream(ResumableDataModule, L.LightningDataModule):
         def train_dataloader(self) -> Any:
             return {"map": DataLoader(ids(8, 0), batch_size=2), "stream": DataLoader(Counting(), batch_size=2)}

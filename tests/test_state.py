@@ -22,6 +22,7 @@ def valid() -> dict[str, Any]:
         world_size=2,
         anchor_position=0,
         anchor_batches=0,
+        stream_length=100,
     ).to_dict()
 
 
@@ -48,6 +49,9 @@ def test_round_trip_keeps_every_value() -> None:
         ({"anchor_position": 0, "anchor_batches": 0, "position": 112, "batches": 14}, "past the end of its epoch"),
         ({"version": 4, "position": 108, "batches": 27}, "past the end of its epoch"),  # no anchor: the bound only
         ({"anchor_position": 0, "anchor_batches": "0"}, "'anchor_batches' must be int"),
+        ({"stream_length": None}, "'stream_length' must be int"),
+        ({"stream_length": 32}, "past the end of its epoch"),  # the recorded length bounds the position
+        ({"stream_length": -1}, "negative"),
     ],
 )
 def test_malformed_state_is_refused(change: dict[str, Any], message: str) -> None:
@@ -58,7 +62,8 @@ def test_malformed_state_is_refused(change: dict[str, Any], message: str) -> Non
 def test_a_state_of_an_older_version_saved_again_keeps_that_versions_form() -> None:
     """Read from version 3 (no ``drop_last_batch``, no anchor) and saved before it was applied: written
     as version 3 again, not as version 5 with None, which the parser refuses."""
-    old = {key: value for key, value in valid().items() if key not in ("drop_last_batch", "anchor_position")}
+    gone = ("drop_last_batch", "anchor_position", "stream_length")
+    old = {key: value for key, value in valid().items() if key not in gone}
     old = {**{key: value for key, value in old.items() if key != "anchor_batches"}, "version": 3}
     again = DataState.from_dict(old).to_dict()
     assert again == old
@@ -104,6 +109,19 @@ def test_the_position_is_checked_from_the_anchor() -> None:
 def test_a_version_4_state_reads_without_an_anchor() -> None:
     raw = {key: value for key, value in valid().items() if not key.startswith("anchor_")}
     state = DataState.from_dict({**raw, "version": 4})
-    assert (state.anchor_position, state.anchor_batches, state.version) == (None, None, 5)
+    assert (state.anchor_position, state.anchor_batches, state.version) == (None, None, 6)
     with pytest.raises(StateFormatError, match="lacks the key 'anchor_position'"):
         DataState.from_dict({**raw, "version": 5})
+
+
+def test_a_state_before_version_6_reads_its_length_from_its_draws_description() -> None:
+    """Versions 1 to 5 did not record the stream's length: a permutation's is the dataset size, other
+    draws name it; a batch sampler's stream is not bounded, and saved again it keeps version 5's form."""
+    version_5 = {key: value for key, value in valid().items() if key != "stream_length"} | {"version": 5}
+    assert DataState.from_dict(version_5).stream_length == 100
+    weighted = version_5 | {"draws": "weighted-with-replacement(num_samples=60, digest=ab)"}
+    assert DataState.from_dict(weighted).stream_length == 60
+    batches = version_5 | {"draws": "batch-sampler(ByLength)", "position": 400, "batches": 50}
+    state = DataState.from_dict(batches)
+    assert state.stream_length is None and state.to_dict() == batches
+    assert DataState.from_dict(version_5).to_dict() == valid()  # its length known: written as version 6

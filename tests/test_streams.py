@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import random
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import pytest
-import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_resumable import (
     IncompatibleStateError,
@@ -29,45 +27,16 @@ from lightning_resumable._keys import stream_key, stream_sample_seed
 from lightning_resumable.format import StreamState
 from lightning_resumable.loader import make_stream_resumable
 from lightning_resumable.streams import (
-    StreamLoader,
     state_for_rank,
 )
 from lightning_resumable.verification import check_first_stream_batches, digest_of
 
-from .helpers import Model, trainer
-
-
-class Counting(IterableDataset[torch.Tensor]):
-    """Ids 0..size-1, split across workers; each sample carries a draw from the global generator."""
-
-    def __init__(self, size: int = 24) -> None:
-        self.size, self.position, self._start = size, 0, 0
-
-    def __iter__(self) -> Any:
-        worker = get_worker_info()
-        mine = list(range(self.size))[worker.id :: worker.num_workers] if worker else list(range(self.size))
-        self.position, self._start = self._start, 0
-        while self.position < len(mine):
-            self.position += 1
-            yield torch.tensor([float(mine[self.position - 1]), random.random()])
-
-    def state_dict(self) -> dict[str, int]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.position = self._start = state["position"]
+from .helpers import Counting, Model, loader_state, stream_loader, trainer
 
 
 class Stateless(IterableDataset[int]):
     def __iter__(self) -> Any:
         return iter(range(8))
-
-
-def stream_loader(num_workers: int, epoch: int = 0) -> StreamLoader:
-    user = DataLoader(Counting(), batch_size=2, num_workers=num_workers)
-    return make_stream_resumable(
-        user, seed=5, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: epoch
-    )
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -120,16 +89,6 @@ def test_persistent_workers_are_refused_for_a_stream() -> None:
 
 
 @functools.cache
-def loader_state(num_workers: int) -> dict[str, Any]:
-    """A real stream loader's state after 2 batches (torchdata's form, with each worker's stream state)."""
-    loader = stream_loader(num_workers)
-    batches = iter(loader)
-    next(batches), next(batches)
-    state = loader.state_after(2)
-    loader.retire_workers()
-    return state
-
-
 def saved_on(world_size: int, num_workers: int, global_position: bool = False) -> StreamState:
     """A stream state of real loader states, each marked with its rank (an extra key: allowed)."""
     ranks = [{**loader_state(num_workers), "rank state": rank} for rank in range(world_size)]

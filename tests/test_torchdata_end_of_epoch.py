@@ -114,8 +114,7 @@ def test_a_sampler_restored_from_a_complete_state_alone_goes_on_with_the_pass_af
     restores, as 0.2.0's did, to the pass after it (checkpoints keep their batches across releases)."""
     sampler = ResumableSampler(list(range(10)), 2, 1, seed=3, batch_size=2)
     epoch = list(sampler)
-    sampler.set_consumed_batches(3)  # 5 samples a rank: the last batch has one
-    state = sampler.state_dict()
+    state = sampler.state_dict(3)  # 5 samples a rank: the last batch has one
     restored = ResumableSampler(list(range(10)), 2, 1, seed=0, batch_size=2)
     restored.load_state_dict(state)
     assert list(restored) == epoch

@@ -13,7 +13,7 @@ import pytest
 from lightning_resumable import StateFormatError
 from lightning_resumable._torchdata import check_loader_state
 
-from .test_streams import loader_state, stream_loader
+from .helpers import loader_state, stream_loader
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -15,7 +15,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
-from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_resumable._lightning import (
@@ -33,13 +32,13 @@ from lightning_resumable.errors import (
     MissingCallbackError,
     MissingStateError,
 )
-from lightning_resumable.format import STATE_KEY, Body, Envelope, StreamState, holds_no_state, parse
-from lightning_resumable.owners import LoaderOwner, LoadersOwner, Owner, StreamOwner, check_world_size
+from lightning_resumable.format import STATE_KEY, Body, Envelope, holds_no_state, parse
+from lightning_resumable.owners import AnyOwner
 from lightning_resumable.progress import BatchCount, SavePoint, partial_accumulation, refuse_partial_accumulation
 from lightning_resumable.randomness import seed_training_step
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.signals import HeldPreemption
-from lightning_resumable.streams import StreamReader
+from lightning_resumable.world_size import check_world_size
 
 __all__ = ["ResumableDataCallback"]
 
@@ -110,7 +109,7 @@ class ResumableDataCallback(pl.Callback):
         self.allow_inexact_streams = allow_inexact_streams
         self._audit: AuditLog | None = None
         self._trainer: pl.Trainer | None = None
-        self._owner: Owner | None = None  # picked when train_dataloader() hands the loaders over
+        self._owner: AnyOwner | None = None  # built with the loaders by train_dataloader()
         self._pending: Body | None = None  # a restored state not yet applied to a loader
         self._seed: int | None = None
         self._batches = BatchCount()
@@ -126,11 +125,7 @@ class ResumableDataCallback(pl.Callback):
     @property
     def sampler(self) -> ResumableSampler | None:
         """The train sampler this callback persists (the first, with several loaders), once built."""
-        if isinstance(self._owner, LoaderOwner):
-            return self._owner.sampler
-        if isinstance(self._owner, LoadersOwner):
-            return next(iter(self._owner.owned.values())).sampler
-        return None
+        return self._owner.first_sampler if self._owner is not None else None
 
     # ------------------------------------------------------------------- building the loader
     def shuffle_seed(self, trainer: pl.Trainer) -> int:
@@ -146,30 +141,18 @@ class ResumableDataCallback(pl.Callback):
                 self._seed = int(trainer.strategy.broadcast(drawn, src=0))
         return self._seed
 
-    def attach(self, loader: DataLoader[Any], current_epoch: int) -> None:
-        """Take ownership of ``loader`` (a map-style loader with a `ResumableSampler`, or a `StreamLoader`)
-        before it is iterated: apply a restored state once, or else select the trainer's current epoch
-        (a loader reloaded mid-run may be iterated, with prefetching workers, before Lightning's ``set_epoch``)."""
-        if isinstance(loader, StreamReader):  # a StreamLoader, or a data library's
-            trainer = self._trainer
-            rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-            self._take(StreamOwner(loader, rank, world_size), current_epoch)
-        else:
-            self._take(LoaderOwner(loader), current_epoch)
-
-    def attach_several(self, loaders: Mapping[str, DataLoader[Any]], mode: str, current_epoch: int) -> None:
-        """Take ownership of several map-style loaders, by key, that a ``CombinedLoader`` in ``mode`` iterates."""
-        assert self._trainer is not None
-        self._take(LoadersOwner(loaders, mode, self.shuffle_seed(self._trainer)), current_epoch)
-
-    def _take(self, owner: Owner, current_epoch: int) -> None:
+    def take(self, owner: AnyOwner, current_epoch: int) -> None:
+        """Take ownership of the train input's position (`lightning_resumable.train_input` built ``owner``)
+        before its loaders are iterated: apply a restored state once, or else select the trainer's current
+        epoch (a loader reloaded mid-run may be iterated, with prefetching workers, before Lightning's
+        ``set_epoch``)."""
         if self._owner is not None:  # a reload: the last loader's workers end before the new ones fork
             self._owner.retire_workers()
         self._owner, restored, self._pending = owner, self._pending, None
         if restored is None:
             owner.start_fresh(current_epoch)
             return
-        owner.restore(
+        owner.restore_saved(
             restored, current_epoch, self.verify, functools.partial(check_world_size, self.allow_world_size_change)
         )
         self._seed = restored.seed
@@ -337,7 +320,7 @@ def refuse_missing_state(checkpoint: dict[str, Any], state_key: str) -> None:
 
 
 def envelope_at(
-    owner: Owner, trainer: pl.Trainer, seed: int, batches: int, collective: bool, verify: bool
+    owner: AnyOwner, trainer: pl.Trainer, seed: int, batches: int, collective: bool, verify: bool
 ) -> dict[str, Any]:
     """The envelope of ``owner``'s state after ``batches`` batches of the trainer's epoch."""
     complete = batches >= trainer.num_training_batches
@@ -352,8 +335,4 @@ def envelope_at(
         collective=collective,
         verify=verify,
     )
-    saved = owner.save(at)
-    if isinstance(saved, str):
-        return Envelope(None, reason=saved).to_dict()
-    complete = saved.finished if isinstance(saved, StreamState) else at.complete
-    return Envelope(saved, partial_accumulation=partial_accumulation(trainer, batches, complete)).to_dict()
+    return owner.envelope(at, lambda ran_to_end: partial_accumulation(trainer, batches, ran_to_end)).to_dict()

@@ -68,7 +68,7 @@ def load_data_state(path: Path) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
 def _loader_summary(saved: LoaderState, written_version: object) -> dict[str, Any]:
     state = saved.state.to_dict()
     length = saved.state.stream_length
-    summary: dict[str, Any] = {"kind": "map-style", **state}
+    summary: dict[str, Any] = {"kind": saved.kind, **state}
     summary["version"] = written_version  # as written (an older version is read as the current one)
     if length:
         summary["stream_length"] = length
@@ -104,55 +104,75 @@ def summarise(raw: Mapping[str, Any], checkpoint: Mapping[str, Any] | None = Non
         summary["partial_accumulation"] = asdict(envelope.partial_accumulation)
     if checkpoint is not None:
         summary["checkpoint"] = {key: checkpoint.get(key) for key in ("epoch", "global_step") if key in checkpoint}
-    versions = _written_versions(raw)
-    if isinstance(parsed, StreamState):
-        summary["loaders"] = {"train": {"kind": "stream", **parsed.to_dict()}}
-        summary["epoch"], summary["batches"] = parsed.epoch, parsed.batches
-    elif isinstance(parsed, LoadersState):
-        summary["mode"], summary["seed"] = parsed.mode, parsed.seed
-        summary["loaders"] = {
-            key: _loader_summary(parsed.loaders[key], versions[key]) for key in sorted(parsed.loaders)
-        }
-        first = next(iter(summary["loaders"].values()))
-        summary["epoch"] = first["epoch"]
-    else:
-        summary["loaders"] = {"train": _loader_summary(parsed, versions)}
-        summary["epoch"], summary["batches"] = parsed.state.epoch, parsed.state.batches
-    summary["place"] = _place(summary)
+    summary.update(_SUMMARIES[parsed.kind](parsed, _written_versions(raw)))  # type: ignore[operator]
+    summary["place"] = _PLACES[parsed.kind](list(summary["loaders"].values()))
     return summary
 
 
-def _place(summary: Mapping[str, Any]) -> str:
-    loaders = list(summary["loaders"].values())
-    if loaders[0]["kind"] == "stream":
-        stream = loaders[0]
-        if stream["finished"]:
-            return f"epoch {stream['epoch']} complete: the resume starts epoch {stream['epoch'] + 1}"
-        return f"epoch {stream['epoch']}, after {stream['batches']} batches on each of {stream['world_size']} ranks"
+def _stream_summary(parsed: StreamState, versions: Any) -> dict[str, Any]:
+    return {
+        "loaders": {"train": {"kind": parsed.kind, **parsed.to_dict()}},
+        "epoch": parsed.epoch,
+        "batches": parsed.batches,
+    }
+
+
+def _several_summary(parsed: LoadersState, versions: Any) -> dict[str, Any]:
+    loaders = {key: _loader_summary(parsed.loaders[key], versions[key]) for key in sorted(parsed.loaders)}
+    return {
+        "mode": parsed.mode,
+        "seed": parsed.seed,
+        "loaders": loaders,
+        "epoch": next(iter(loaders.values()))["epoch"],
+    }
+
+
+def _one_summary(parsed: LoaderState, versions: Any) -> dict[str, Any]:
+    return {
+        "loaders": {"train": _loader_summary(parsed, versions)},
+        "epoch": parsed.state.epoch,
+        "batches": parsed.state.batches,
+    }
+
+
+def _stream_place(loaders: list[Mapping[str, Any]]) -> str:
+    (stream,) = loaders
+    if stream["finished"]:
+        return f"epoch {stream['epoch']} complete: the resume starts epoch {stream['epoch'] + 1}"
+    return f"epoch {stream['epoch']}, after {stream['batches']} batches on each of {stream['world_size']} ranks"
+
+
+def _loaders_place(loaders: list[Mapping[str, Any]]) -> str:
     longest = max(loaders, key=lambda loader: loader.get("fraction_through", 0.0))
     if "fraction_through" in longest:
         return f"epoch {longest['epoch']}, {100 * longest['fraction_through']:.0f}% through"
     return f"epoch {longest['epoch']}, after {longest['batches']} batches"
 
 
-def _rows(name: str, loader: Mapping[str, Any]) -> list[tuple[str, str]]:
-    if loader["kind"] == "stream":
-        rows = [
-            (f"{name}: kind", "stream (an IterableDataset with state)"),
-            ("schema version", str(loader["version"])),
-            ("seed", str(loader["seed"])),
-            ("epoch", str(loader["epoch"]) + (" (complete)" if loader["finished"] else "")),
-            ("batches completed", f"{loader['batches']} on each rank"),
-            ("world size", str(loader["world_size"])),
-            ("workers per process", str(loader["num_workers"])),
-            ("position is global", str(loader["global_position"])),
-            ("written with torchdata", loader["torchdata"] or "(not recorded)"),
-        ]
-        for rank, state in enumerate(loader["ranks"]):
-            rows.append((f"rank {rank} state", json.dumps(state, sort_keys=True, default=str)))
-        for rank, digest in enumerate(loader["next_batch"] or []):
-            rows.append((f"rank {rank} next batch", digest or "(not read ahead: not verified)"))
-        return rows
+_SUMMARIES = {LoaderState.kind: _one_summary, LoadersState.kind: _several_summary, StreamState.kind: _stream_summary}
+_PLACES = {LoaderState.kind: _loaders_place, LoadersState.kind: _loaders_place, StreamState.kind: _stream_place}
+
+
+def _stream_rows(name: str, loader: Mapping[str, Any]) -> list[tuple[str, str]]:
+    rows = [
+        (f"{name}: kind", "stream (an IterableDataset with state)"),
+        ("schema version", str(loader["version"])),
+        ("seed", str(loader["seed"])),
+        ("epoch", str(loader["epoch"]) + (" (complete)" if loader["finished"] else "")),
+        ("batches completed", f"{loader['batches']} on each rank"),
+        ("world size", str(loader["world_size"])),
+        ("workers per process", str(loader["num_workers"])),
+        ("position is global", str(loader["global_position"])),
+        ("written with torchdata", loader["torchdata"] or "(not recorded)"),
+    ]
+    for rank, state in enumerate(loader["ranks"]):
+        rows.append((f"rank {rank} state", json.dumps(state, sort_keys=True, default=str)))
+    for rank, digest in enumerate(loader["next_batch"] or []):
+        rows.append((f"rank {rank} next batch", digest or "(not read ahead: not verified)"))
+    return rows
+
+
+def _loader_rows(name: str, loader: Mapping[str, Any]) -> list[tuple[str, str]]:
     position = f"{loader['position']:,}"
     if "stream_length" in loader:
         position += f" of {loader['stream_length']:,} ({100 * loader['fraction_through']:.1f}% of the epoch)"
@@ -177,6 +197,9 @@ def _rows(name: str, loader: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+_ROWS = {LoaderState.kind: _loader_rows, StreamState.kind: _stream_rows}
+
+
 def render(path: Path, summary: Mapping[str, Any]) -> str:
     lines = [f"{path}: {summary['place']}"]
     where = summary.get("checkpoint", {})
@@ -190,7 +213,7 @@ def render(path: Path, summary: Mapping[str, Any]) -> str:
             f"  saved inside a gradient accumulation window ({partial['accumulated']} of {partial['window']} batches"
             " accumulated): a resume is refused with PartialAccumulationError"
         )
-    rows = [row for name, loader in summary["loaders"].items() for row in _rows(name, loader)]
+    rows = [row for name, loader in summary["loaders"].items() for row in _ROWS[loader["kind"]](name, loader)]
     width = max(len(label) for label, _ in rows)
     lines += [f"  {label:<{width}}  {value}" for label, value in rows]
     return "\n".join(lines)

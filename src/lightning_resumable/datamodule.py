@@ -8,18 +8,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.core.hooks import DataHooks
-from torch.utils.data import DataLoader, IterableDataset
 
-from lightning_resumable.batches import ResumableBatchSampler
 from lightning_resumable.callback import ResumableDataCallback
-from lightning_resumable.combined import key_seed, split_train_loaders
-from lightning_resumable.errors import (
-    DuplicateCallbackError,
-    MissingCallbackError,
-    NoTrainerError,
-    UnsupportedLoaderError,
-)
-from lightning_resumable.loader import make_resumable
+from lightning_resumable.errors import DuplicateCallbackError, MissingCallbackError, NoTrainerError
+from lightning_resumable.train_input import build_train_input
 from lightning_resumable.validation import seed_validation_loaders
 
 __all__ = ["ResumableDataModule"]
@@ -101,33 +93,16 @@ def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], A
                 " trainer.fit(model, datamodule)"
             )
         callback = _find_callback(trainer)
-        seed = callback.shuffle_seed(trainer)
-
-        def resumable(each: object, each_seed: int) -> DataLoader[Any]:
-            return make_resumable(
-                each,
-                seed=each_seed,
-                num_replicas=trainer.world_size,
-                rank=trainer.global_rank,
-                seed_samples=callback.seed_samples,
-                # Lightning fetches each batch before on_train_batch_start, where a reseeding callback
-                # sets the step's stream anyway: putting the generators back would be wasted work.
-                restore_globals=not callback.seed_steps,
-                epoch_source=lambda: trainer.current_epoch,
-                allow_inexact_streams=callback.allow_inexact_streams,
-            )
-
-        several = split_train_loaders(loader)
-        if several is None:
-            single = resumable(loader, seed)
-            callback.attach(single, trainer.current_epoch)
-            return single
-        loaders, mode, rebuild = several
-        for key, each in loaders.items():
-            _refuse_among_several(key, each)
-        rebuilt = {key: resumable(each, key_seed(seed, key)) for key, each in loaders.items()}
-        callback.attach_several(rebuilt, mode, trainer.current_epoch)
-        return rebuild(rebuilt)
+        owner, iterated = build_train_input(
+            loader,
+            trainer,
+            callback.shuffle_seed(trainer),
+            seed_samples=callback.seed_samples,
+            seed_steps=callback.seed_steps,
+            allow_inexact_streams=callback.allow_inexact_streams,
+        )
+        callback.take(owner, trainer.current_epoch)
+        return iterated
 
     setattr(train_dataloader, _WRAPPED, True)
     return train_dataloader
@@ -149,17 +124,3 @@ def _seeded_validation(user_val_dataloader: Callable[[Any], Any]) -> Callable[[A
 
     setattr(val_dataloader, _WRAPPED, True)
     return val_dataloader
-
-
-def _refuse_among_several(key: str, loader: object) -> None:
-    """What several train loaders cannot hold yet: a stream, or a batch sampler (whose epochs may differ in length)."""
-    if isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset):
-        raise UnsupportedLoaderError(
-            f"the train loader {key!r} reads a stream (an IterableDataset); a stream is supported as the only train"
-            " loader, not among several"
-        )
-    if isinstance(loader, DataLoader) and isinstance(loader.batch_sampler, ResumableBatchSampler):
-        raise UnsupportedLoaderError(
-            f"the train loader {key!r} has a ResumableBatchSampler; it is supported as the only train loader, not"
-            " among several"
-        )

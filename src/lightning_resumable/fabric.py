@@ -52,9 +52,7 @@ def loader_state(loader: object, batches: int) -> dict[str, Any]:
     Raises:
         UnsupportedLoaderError: the loader has no `ResumableSampler`.
     """
-    sampler = _sampler_of(loader)
-    sampler.set_consumed_batches(batches)
-    return sampler.state_dict()
+    return _sampler_of(loader).state_dict(batches)
 
 
 def restore_loader(loader: object, state: Mapping[str, Any]) -> tuple[int, int]:

@@ -19,15 +19,15 @@ there was no envelope: the kind was told by its keys (``train``, ``loaders``, ``
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
 
 from lightning_resumable._keys import DERIVATION_VERSION, check_version
-from lightning_resumable._torchdata import torchdata_release
+from lightning_resumable._parsing import Kind, is_digest, mapping_of, require_keys
 from lightning_resumable.errors import StateFormatError
 from lightning_resumable.state import DataState
+from lightning_resumable.stream_state import GLOBAL_POSITION_ATTRIBUTE, StreamState
 
 __all__ = [
     "FORMAT_VERSION",
@@ -39,6 +39,7 @@ __all__ = [
     "LoadersState",
     "PartialAccumulation",
     "StreamState",
+    "Unresumable",
     "holds_no_state",
     "parse",
 ]
@@ -55,36 +56,6 @@ PARTIAL_ACCUMULATION = "partial_accumulation"
 TRAIN, NEXT_BATCH, DATASET = "train", "next_batch", "dataset"
 SEED, MODE, LOADERS = "seed", "mode", "loaders"
 STREAM, UNRESUMABLE = "stream", "unresumable"
-
-Kind = Literal["loader", "loaders", "stream", "unresumable"]
-
-GLOBAL_POSITION_ATTRIBUTE = "resumable_global_position"
-"""A stream dataset's attribute: ``True`` declares its state the same on every rank and valid on any world size."""
-
-_DIGEST_HEX = 16
-STREAM_STATE_VERSION = 3
-# Version 1 (never released) had no torchdata version; 1 and 2 (0.2.x) no next-batch digests nor reader.
-_READABLE_STREAM_VERSIONS = (1, 2, 3)
-
-
-def _mapping(raw: object, what: str) -> Mapping[str, Any]:
-    if not isinstance(raw, Mapping):
-        raise StateFormatError(f"{what} must be a dict, got {type(raw).__name__}")
-    if not all(isinstance(key, str) for key in raw):
-        wrong = [key for key in raw if not isinstance(key, str)]
-        raise StateFormatError(f"{what} must have string keys, got {wrong!r:.200}")
-    return raw
-
-
-def _keys(raw: Mapping[str, Any], required: set[str], optional: set[str], what: str) -> None:
-    missing, unknown = required - set(raw), set(raw) - required - optional
-    if missing or unknown:
-        raise StateFormatError(f"{what}: missing keys {sorted(missing)}, unexpected keys {sorted(unknown)}")
-
-
-def _is_digest(value: object) -> bool:
-    """A 16-digit hex digest (`lightning_resumable.verification.digest_of`)."""
-    return isinstance(value, str) and len(value) == _DIGEST_HEX and re.fullmatch(r"[0-9a-f]+", value) is not None
 
 
 @dataclass(frozen=True)
@@ -103,7 +74,7 @@ class BatchFingerprint:
     def from_list(cls, raw: object) -> BatchFingerprint:
         """Parse the persisted form, a list of two 16-digit hex strings, and a third one or ``""``."""
         ids, content, produced = [*raw, ""][:3] if isinstance(raw, list) and len(raw) in (2, 3) else ["", "", ""]
-        if not (_is_digest(ids) and _is_digest(content) and (produced == "" or _is_digest(produced))):
+        if not (is_digest(ids) and is_digest(content) and (produced == "" or is_digest(produced))):
             raise StateFormatError(f'a batch fingerprint must be 2 hex digests and one or "", got {raw!r:.200}')
         return cls(ids, content, produced)
 
@@ -112,6 +83,9 @@ class BatchFingerprint:
 class LoaderState:
     """One map-style loader: its stream's state, each rank's next-batch fingerprint, and the state of a
     dataset that has its own (global, saved once)."""
+
+    kind: ClassVar[Kind] = "loader"
+    described: ClassVar[str] = "one map-style train loader"
 
     state: DataState
     fingerprints: list[BatchFingerprint] | None = None
@@ -131,8 +105,8 @@ class LoaderState:
 
     @classmethod
     def from_dict(cls, raw: object) -> LoaderState:
-        raw = _mapping(raw, "a loader's state")
-        _keys(raw, {TRAIN}, {NEXT_BATCH, DATASET}, "a loader's state")
+        raw = mapping_of(raw, "a loader's state")
+        require_keys(raw, {TRAIN}, {NEXT_BATCH, DATASET}, "a loader's state")
         state = DataState.from_dict(raw[TRAIN])
         fingerprints = None
         if NEXT_BATCH in raw:
@@ -145,13 +119,16 @@ class LoaderState:
             fingerprints = [BatchFingerprint.from_list(entry) for entry in entries]
         dataset = raw.get(DATASET)
         if dataset is not None:
-            dataset = _mapping(dataset, "the dataset's state")
+            dataset = mapping_of(dataset, "the dataset's state")
         return cls(state, fingerprints, dataset)
 
 
 @dataclass(frozen=True)
 class LoadersState:
     """Several train loaders: the run's seed, the ``CombinedLoader`` mode, and each loader's state by key."""
+
+    kind: ClassVar[Kind] = "loaders"
+    described: ClassVar[str] = "several train loaders"
 
     seed: int
     mode: str
@@ -162,96 +139,15 @@ class LoadersState:
 
     @classmethod
     def from_dict(cls, raw: object) -> LoadersState:
-        raw = _mapping(raw, "the state of several train loaders")
-        _keys(raw, {SEED, MODE, LOADERS}, set(), "the state of several train loaders")
+        raw = mapping_of(raw, "the state of several train loaders")
+        require_keys(raw, {SEED, MODE, LOADERS}, set(), "the state of several train loaders")
         seed, mode = raw[SEED], raw[MODE]
         if type(seed) is not int or not isinstance(mode, str):
             raise StateFormatError(f"the seed and mode of several train loaders must be an int and a str: {raw!r:.200}")
-        loaders = _mapping(raw[LOADERS], "the train loaders' states")
+        loaders = mapping_of(raw[LOADERS], "the train loaders' states")
         if not loaders:
             raise StateFormatError("the state of several train loaders holds no loader")
         return cls(seed, mode, {key: LoaderState.from_dict(value) for key, value in loaders.items()})
-
-
-@dataclass(frozen=True)
-class StreamState:
-    """Where a stream loader stands on every rank, and the setup whose slices those states mean.
-
-    Attributes:
-        seed: the run's seed (the sample seeds are keyed by it).
-        epoch: the epoch of the position.
-        batches: batches of the epoch every rank has completed.
-        world_size: processes that wrote it.
-        num_workers: loader workers per process.
-        global_position: the dataset declared its state the same on every rank.
-        finished: every rank's loader had run out (a resume starts the next epoch).
-        ranks: each rank's loader state, in rank order (``StatefulDataLoader`` form, workers' included).
-        torchdata: the torchdata version whose ``StatefulDataLoader`` wrote ``ranks`` (an older
-            torchdata cannot read a newer one's state); ``""`` if not recorded.
-        next_batch: each rank's digest of the batch it trains next (Lightning had read it ahead), in
-            rank order; ``""`` for a rank that had not read it; ``None`` if not recorded (no
-            verification, or a state before version 3).
-        reader: what read the stream and wrote ``ranks``: ``torchdata`` (a ``StatefulDataLoader``)
-            ``litdata`` or ``mosaic`` (LitData's or MosaicML Streaming's ``StreamingDataLoader``).
-    """
-
-    seed: int
-    epoch: int
-    batches: int
-    world_size: int
-    num_workers: int
-    global_position: bool
-    finished: bool
-    ranks: list[dict[str, Any]]
-    torchdata: str = ""
-    next_batch: list[str] | None = None
-    reader: str = "torchdata"
-    version: int = STREAM_STATE_VERSION
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: object) -> StreamState:
-        raw = _mapping(raw, "a stream state")
-        version = raw.get("version")
-        if type(version) is not int or version not in _READABLE_STREAM_VERSIONS:
-            raise StateFormatError(
-                f"stream state version {version!r} is not supported (this library reads {_READABLE_STREAM_VERSIONS})"
-            )
-        if version == 1:
-            raw = {**raw, "torchdata": ""}
-        if version in (1, 2):
-            raw = {**raw, "next_batch": None, "reader": "torchdata", "version": STREAM_STATE_VERSION}
-        _keys(raw, {field.name for field in fields(cls)}, set(), "a stream state")
-        for field in fields(cls):
-            expected = {"bool": bool, "str": str, "list[dict[str, Any]]": list, "list[str] | None": list}.get(
-                str(field.type), int
-            )
-            if field.name == "next_batch" and raw[field.name] is None:
-                continue  # not recorded
-            if type(raw[field.name]) is not expected:
-                raise StateFormatError(
-                    f"stream state key {field.name!r} must be {expected.__name__}, got {type(raw[field.name]).__name__}"
-                )
-        state = cls(**{field.name: raw[field.name] for field in fields(cls)})
-        if min(state.epoch, state.batches, state.num_workers) < 0 or state.world_size < 1:
-            raise StateFormatError(f"a stream state has a negative count or no rank: {state!r:.300}")
-        if len(state.ranks) != state.world_size or not all(isinstance(rank, Mapping) for rank in state.ranks):
-            raise StateFormatError(f"the stream state must hold one loader state per rank ({state.world_size})")
-        if state.torchdata:
-            torchdata_release(state.torchdata)
-        if state.reader not in ("torchdata", "litdata", "mosaic"):
-            raise StateFormatError(f"unknown stream reader {state.reader!r:.100} (torchdata, litdata, mosaic)")
-        if state.next_batch is not None and (
-            len(state.next_batch) != state.world_size
-            or not all(digest == "" or _is_digest(digest) for digest in state.next_batch)
-        ):
-            raise StateFormatError(
-                f'a stream state\'s next_batch must hold one 16-digit hex digest (or "") per rank'
-                f" ({state.world_size}), got {state.next_batch!r:.200}"
-            )
-        return state
 
 
 @dataclass(frozen=True)
@@ -265,14 +161,21 @@ class PartialAccumulation:
 
     @classmethod
     def from_dict(cls, raw: object) -> PartialAccumulation:
-        raw = _mapping(raw, f"{PARTIAL_ACCUMULATION!r}")
-        _keys(raw, {"accumulated", "window", "batches"}, set(), f"{PARTIAL_ACCUMULATION!r}")
+        raw = mapping_of(raw, f"{PARTIAL_ACCUMULATION!r}")
+        require_keys(raw, {"accumulated", "window", "batches"}, set(), f"{PARTIAL_ACCUMULATION!r}")
         if not all(type(raw[name]) is int and raw[name] >= 0 for name in raw):
             raise StateFormatError(f"{PARTIAL_ACCUMULATION!r} must hold non-negative ints: {raw!r:.200}")
         return cls(**raw)
 
 
 Body = LoaderState | LoadersState | StreamState
+
+
+@dataclass(frozen=True)
+class Unresumable:
+    """A save that holds no state to resume from, and why (written as the kind ``unresumable``)."""
+
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -286,11 +189,7 @@ class Envelope:
 
     @property
     def kind(self) -> Kind:
-        if isinstance(self.state, StreamState):
-            return "stream"
-        if isinstance(self.state, LoadersState):
-            return "loaders"
-        return "loader" if self.state is not None else "unresumable"
+        return self.state.kind if self.state is not None else "unresumable"
 
     def to_dict(self) -> dict[str, Any]:
         raw: dict[str, Any] = {FORMAT: FORMAT_VERSION, KIND: self.kind, KEYS: self.keys}
@@ -303,21 +202,7 @@ class Envelope:
         return raw
 
 
-_BODIES: dict[str, type[LoaderState] | type[LoadersState] | type[StreamState]] = {
-    "loader": LoaderState,
-    "loaders": LoadersState,
-    "stream": StreamState,
-}
-
-
-def describe(kind: str) -> str:
-    """The kind of train input a state is of, in words."""
-    return {
-        "loader": "one map-style train loader",
-        "loaders": "several train loaders",
-        "stream": "a stream (an iterable dataset)",
-        "unresumable": "no resumable state",
-    }.get(kind, kind)
+_BODIES: dict[str, type[Body]] = {body.kind: body for body in (LoaderState, LoadersState, StreamState)}
 
 
 def _empty(value: object) -> bool:
@@ -340,7 +225,7 @@ def holds_no_state(raw: object) -> bool:
 
 def parse(raw: object) -> Envelope:
     """The callback's state as written by any release, typed; a `StateFormatError` for anything else."""
-    raw = _mapping(raw, "the data state")
+    raw = mapping_of(raw, "the data state")
     marked = raw.get(PARTIAL_ACCUMULATION)
     partial = PartialAccumulation.from_dict(marked) if marked is not None else None
     if FORMAT not in raw:
@@ -354,13 +239,13 @@ def parse(raw: object) -> Envelope:
     except ValueError as error:
         raise StateFormatError(str(error)) from None
     if kind == UNRESUMABLE:
-        _keys(raw, {FORMAT, KIND, KEYS, REASON}, {PARTIAL_ACCUMULATION}, "an unresumable data state")
+        require_keys(raw, {FORMAT, KIND, KEYS, REASON}, {PARTIAL_ACCUMULATION}, "an unresumable data state")
         if not isinstance(raw[REASON], str):
             raise StateFormatError(f"the reason of an unresumable data state must be a str: {raw[REASON]!r:.200}")
         return Envelope(None, reason=raw[REASON], partial_accumulation=partial, keys=keys)
     if not isinstance(kind, str) or kind not in _BODIES:  # a list is unhashable: no `in` before the type
         raise StateFormatError(f"unknown kind of data state {kind!r:.200} (known: {sorted([*_BODIES, UNRESUMABLE])})")
-    _keys(raw, {FORMAT, KIND, KEYS, STATE}, {PARTIAL_ACCUMULATION}, f"a data state of kind {kind!r}")
+    require_keys(raw, {FORMAT, KIND, KEYS, STATE}, {PARTIAL_ACCUMULATION}, f"a data state of kind {kind!r}")
     return Envelope(_BODIES[kind].from_dict(raw[STATE]), partial_accumulation=partial, keys=keys)
 
 
@@ -368,10 +253,10 @@ def _parse_unversioned(raw: Mapping[str, Any], partial: PartialAccumulation | No
     """A state written before the envelope (0.1.0 to 0.2.x): the kind is told by its keys."""
     body = {key: value for key, value in raw.items() if key != PARTIAL_ACCUMULATION}
     if UNRESUMABLE in body:
-        _keys(body, {UNRESUMABLE}, set(), "an unresumable data state")
+        require_keys(body, {UNRESUMABLE}, set(), "an unresumable data state")
         return Envelope(None, reason=str(body[UNRESUMABLE]), partial_accumulation=partial)
     if STREAM in body:
-        _keys(body, {STREAM}, set(), "a stream's data state")
+        require_keys(body, {STREAM}, set(), "a stream's data state")
         return Envelope(StreamState.from_dict(body[STREAM]), partial_accumulation=partial)
     if LOADERS in body:
         return Envelope(LoadersState.from_dict(body), partial_accumulation=partial)

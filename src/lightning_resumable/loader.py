@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import (
@@ -58,7 +59,7 @@ from lightning_resumable.settings import TORCH_SETTINGS, forwarded_settings, ref
 from lightning_resumable.streams import SeededStream, StreamLoader, StreamReader
 from lightning_resumable.workers import WorkerSafeDataLoader, worker_safe
 
-__all__ = ["make_resumable"]
+__all__ = ["Built", "build_resumable", "make_resumable"]
 
 _STREAM_SETTINGS = tuple(name for name in TORCH_SETTINGS if name != "in_order")
 """A stream loader's: ``in_order=False`` is refused, and torchdata 0.10's loader does not take it."""
@@ -93,7 +94,21 @@ def _draws_of(sampler: object, dataset_size: int) -> Draws:
     )
 
 
-def make_resumable(
+@dataclass(frozen=True)
+class Built:
+    """A resumable train loader and the kind it was built as: ``stream`` is the loader itself when it
+    reads a stream (a `StreamReader`), ``None`` for a map-style loader with a `ResumableSampler`."""
+
+    loader: DataLoader[Any]
+    stream: StreamReader | None = None
+
+
+def make_resumable(loader: object, **options: Any) -> DataLoader[Any]:
+    """`build_resumable`'s loader (``options`` are its keyword arguments)."""
+    return build_resumable(loader, **options).loader
+
+
+def build_resumable(
     loader: object,
     *,
     seed: int,
@@ -103,8 +118,9 @@ def make_resumable(
     restore_globals: bool = True,
     epoch_source: Callable[[], int] = lambda: 0,
     allow_inexact_streams: bool = False,
-) -> DataLoader[Any]:
-    """Return ``loader`` rebuilt around a keyed `ResumableSampler` and a `SampleSeededDataset`.
+) -> Built:
+    """Return ``loader`` rebuilt around a keyed `ResumableSampler` and a `SampleSeededDataset`, with the
+    kind of loader it was built as (decided here, once).
 
     ``seed_samples=False`` leaves the global generators alone while fetching (``sample_rng()`` still
     works); ``restore_globals`` is the wrapper's (see `SampleSeededDataset`). A loader that
@@ -115,20 +131,24 @@ def make_resumable(
         UnsupportedLoaderError: the loader cannot be made exactly resumable; the message says why.
     """
     if isinstance(loader, StreamReader):
-        return loader  # type: ignore[return-value]  # built by this function already
+        return Built(loader, loader)  # type: ignore[arg-type]  # built by this function already
     torch_loader = type(loader) in (DataLoader, StatefulDataLoader)
     dataset = getattr(loader, "dataset", None)
     litdata_dataset = any(is_of(dataset, "litdata", name) for name in ("StreamingDataset", "CombinedStreamingDataset"))
     if is_of(loader, "litdata", "StreamingDataLoader") or (torch_loader and litdata_dataset):
         from lightning_resumable._litdata import make_litdata_resumable  # imports litdata: only when used
 
-        return make_litdata_resumable(loader, seed=seed, epoch_source=epoch_source)
+        litdata_loader = make_litdata_resumable(loader, seed=seed, epoch_source=epoch_source)
+        return Built(litdata_loader, litdata_loader)
     if is_of(loader, "streaming", "StreamingDataLoader") or (
         torch_loader and is_of(dataset, "streaming", "StreamingDataset")
     ):
         from lightning_resumable._mosaic import make_mosaic_resumable  # imports streaming: only when used
 
-        return make_mosaic_resumable(loader, seed=seed, epoch_source=epoch_source, rank=rank, world_size=num_replicas)
+        mosaic_loader = make_mosaic_resumable(
+            loader, seed=seed, epoch_source=epoch_source, rank=rank, world_size=num_replicas
+        )
+        return Built(mosaic_loader, mosaic_loader)
     refuse_unsupported(pipeline(loader))  # a data library's own loader or dataset, named as such
     if not isinstance(loader, DataLoader):
         raise UnsupportedLoaderError(
@@ -136,7 +156,7 @@ def make_resumable(
             " DataLoaders and torchdata StatefulDataLoaders: one, or a list, dict or CombinedLoader of them"
         )
     if isinstance(loader.dataset, (SampleSeededDataset, SeededStream)):
-        return loader
+        return Built(loader)  # built already (a stream's loader is a StreamReader, returned above)
     subclass = type(loader) not in (DataLoader, StatefulDataLoader)
     if subclass and callable(getattr(loader, "state_dict", None)):
         raise UnsupportedLoaderError(
@@ -156,7 +176,7 @@ def make_resumable(
                 f"train_dataloader() returned a {type(loader).__name__} over a stream; return a DataLoader or"
                 " StatefulDataLoader over it"
             )
-        return make_stream_resumable(
+        stream_loader = make_stream_resumable(
             loader,
             seed=seed,
             rank=rank,
@@ -165,6 +185,7 @@ def make_resumable(
             epoch_source=epoch_source,
             allow_inexact=allow_inexact_streams,
         )
+        return Built(stream_loader, stream_loader)
     if callable(getattr(dataset, "state_dict", None)) != callable(getattr(dataset, "load_state_dict", None)):
         raise UnsupportedLoaderError(
             f"the dataset {type(dataset).__name__} has only one of state_dict/load_state_dict; its state could be"
@@ -172,8 +193,10 @@ def make_resumable(
         )
     dataset_size = len(dataset)  # type: ignore[arg-type]  # map-style datasets are sized
     if isinstance(loader.batch_sampler, ResumableBatchSampler):
-        return _batch_stream_loader(
-            loader, loader.batch_sampler, seed, num_replicas, rank, seed_samples, restore_globals, dataset_size
+        return Built(
+            _batch_stream_loader(
+                loader, loader.batch_sampler, seed, num_replicas, rank, seed_samples, restore_globals, dataset_size
+            )
         )
     if loader.batch_size is None:
         raise UnsupportedLoaderError(
@@ -196,13 +219,13 @@ def make_resumable(
     seeded = SampleSeededDataset(dataset, seed_globals=seed_samples, restore_globals=restore_globals)
     if subclass:
         try:
-            return worker_safe(reinstantiate_loader(loader, seeded, sampler))
+            return Built(worker_safe(reinstantiate_loader(loader, seeded, sampler)))
         except ValueError as error:
             raise UnsupportedLoaderError(
                 f"train_dataloader() returned a {type(loader).__name__}, a DataLoader subclass that Lightning"
                 f" cannot build again with another sampler: {error}"
             ) from error
-    return _rebuilt(loader, seeded, sampler, batch_size=loader.batch_size, collate_fn=loader.collate_fn)
+    return Built(_rebuilt(loader, seeded, sampler, batch_size=loader.batch_size, collate_fn=loader.collate_fn))
 
 
 def _already_collated(batch: Any) -> Any:

@@ -4,16 +4,17 @@ Promise: an owner is the one holder of its loaders' position from the moment the
 the end of the fit. It restores a saved state before the loaders are iterated, records the state at
 a save, checks at the train start that the trainer resumes where the data does (and verifies the
 next batches), names the ids of each trained step, and says when the loader must be rebuilt at an
-epoch's end. The callback picks an owner once, when ``train_dataloader()`` hands the loaders over,
-and delegates to it (as Grain's elastic iterator picks its base iterator once and delegates its
-state), so no kind is told apart anywhere else.
+epoch's end. The owner is picked once, where the loaders are built (`lightning_resumable.train_input`),
+and the callback delegates to it (as Grain's elastic iterator picks its base iterator once and
+delegates its state), so no kind is told apart anywhere else. Each owner is typed by the state it
+saves; the world-size policy is the callback's one function, which every owner calls.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
@@ -22,44 +23,35 @@ from torch.utils.data import DataLoader
 from lightning_resumable._torchdata import torchdata_version
 from lightning_resumable.combined import loader_position
 from lightning_resumable.contract import check_contract
-from lightning_resumable.errors import IncompatibleStateError, WorldSizeChangedError
+from lightning_resumable.errors import IncompatibleStateError
 from lightning_resumable.format import (
     GLOBAL_POSITION_ATTRIBUTE,
     Body,
+    Envelope,
     LoadersState,
     LoaderState,
+    PartialAccumulation,
     StreamState,
-    describe,
+    Unresumable,
 )
 from lightning_resumable.progress import SavePoint
 from lightning_resumable.sampled_loader import SampledLoader
 from lightning_resumable.sampler import ResumableSampler
 from lightning_resumable.state import DataState
-from lightning_resumable.streams import StreamReader, state_for_rank
+from lightning_resumable.streams import StreamReader, state_for_rank, world_size_refusal
 from lightning_resumable.verification import all_gather_objects, check_first_stream_batches, digest_of
 from lightning_resumable.workers import retire_previous
+from lightning_resumable.world_size import WorldSizePolicy
 
-__all__ = ["LoaderOwner", "LoadersOwner", "Owner", "SavePoint", "StreamOwner", "WorldSizePolicy", "check_world_size"]
+__all__ = [
+    "AnyOwner",
+    "LoaderOwner",
+    "LoadersOwner",
+    "Owner",
+    "StreamOwner",
+]
 
-WorldSizePolicy = Callable[[int, int, bool, str], None]
-"""The callback's world-size policy, which every owner calls: ``(saved world size, world size now, elastic,
-where the state stands)``; raises to refuse a change."""
-
-
-def check_world_size(allowed: bool, saved_world_size: int, world_size: int, elastic: bool, where: str) -> None:
-    """The world-size policy, for every kind of train input (``allowed``: the callback's
-    ``allow_world_size_change``): an elastic resume is logged, or refused where it cannot be exact or
-    the user turned it off."""
-    if saved_world_size == world_size:
-        return
-    message = f"the checkpoint was written on {saved_world_size} processes and resumes on {world_size}, {where}"
-    if not elastic:
-        raise WorldSizeChangedError(message + "; several train loaders resume on the same world size only")
-    if not allowed:
-        raise WorldSizeChangedError(message + "; ResumableDataCallback(allow_world_size_change=False)")
-    rank_zero_info(f"lightning_resumable: {message}; the rest of the epoch is split across the new ranks")
-
-
+SEVERAL_SAME_SIZE = "several train loaders resume on the same world size only"
 STREAM_OFF_PATH = (
     "it was written from an exception path (OnExceptionCheckpoint after an error), where the ranks cannot"
     " exchange their stream positions without risking a deadlock, and a stream's position is per rank (a"
@@ -68,21 +60,25 @@ STREAM_OFF_PATH = (
 )
 
 
-class Owner(ABC):
-    """One kind of train input; see the module's promise."""
+S = TypeVar("S", LoaderState, LoadersState, StreamState)
 
-    kind: str
-    """The kind's tag in the checkpoint format."""
 
-    def refuse_other_kind(self, saved: Body) -> None:
-        if describe(_kind_of(saved)) != describe(self.kind):
+class Owner(ABC, Generic[S]):
+    """One kind of train input, typed by the state it saves and restores; see the module's promise."""
+
+    state_type: type[S]
+
+    def restore_saved(self, saved: Body, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
+        """`restore` a checkpoint's state, refused if it is another kind's."""
+        if not isinstance(saved, self.state_type):
             raise IncompatibleStateError(
-                f"the checkpoint holds the state of {describe(_kind_of(saved))}, but train_dataloader() now"
-                f" returns {describe(self.kind)}"
+                f"the checkpoint holds the state of {saved.described}, but train_dataloader() now returns"
+                f" {self.state_type.described}"
             )
+        self.restore(saved, epoch, verify, world_size_policy)
 
     @abstractmethod
-    def restore(self, saved: Body, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
+    def restore(self, saved: S, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
         """Apply ``saved`` before the loaders are iterated (``epoch``: the trainer's current one)."""
 
     @abstractmethod
@@ -90,8 +86,24 @@ class Owner(ABC):
         """No state to restore: select ``epoch`` before the loaders are iterated."""
 
     @abstractmethod
-    def save(self, at: SavePoint) -> Body | str:
-        """The state at ``at``; or, where none can be written, the reason (the checkpoint is marked)."""
+    def save(self, at: SavePoint) -> S | Unresumable:
+        """The state at ``at``; or, where none can be written, why (the checkpoint is marked)."""
+
+    def envelope(self, at: SavePoint, partial: Callable[[bool], PartialAccumulation | None]) -> Envelope:
+        """The state at ``at`` in its envelope, marked by ``partial`` (of whether it ran to its epoch's end)."""
+        saved = self.save(at)
+        if isinstance(saved, Unresumable):
+            return Envelope(None, reason=saved.reason)
+        return Envelope(saved, partial_accumulation=partial(self.ran_to_end(saved, at)))
+
+    def ran_to_end(self, saved: S, at: SavePoint) -> bool:
+        """Whether ``saved`` is at the end of its epoch (a save there is never inside an accumulation window)."""
+        return at.complete
+
+    @property
+    def first_sampler(self) -> ResumableSampler | None:
+        """The sampler of the (first) map-style loader; ``None`` for a stream."""
+        return None
 
     @abstractmethod
     def start(self, trainer: pl.Trainer, batches: int) -> int:
@@ -120,16 +132,10 @@ def _where(state: DataState) -> str:
     return f"at epoch {state.epoch}, global position {state.position}"
 
 
-def _kind_of(saved: Body) -> str:
-    if isinstance(saved, StreamState):
-        return "stream"
-    return "loaders" if isinstance(saved, LoadersState) else "loader"
+class LoaderOwner(Owner[LoaderState]):
+    """One map-style train loader, which resumes on another world size."""
 
-
-class LoaderOwner(Owner):
-    """One map-style train loader; the only kind that resumes on another world size."""
-
-    kind = "loader"
+    state_type = LoaderState
 
     def __init__(self, loader: DataLoader[Any]) -> None:
         self.owned = SampledLoader(loader, key=None)
@@ -139,11 +145,13 @@ class LoaderOwner(Owner):
     def sampler(self) -> ResumableSampler:
         return self.owned.sampler
 
-    def restore(self, saved: Body, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
-        self.refuse_other_kind(saved)
-        assert isinstance(saved, LoaderState)
+    @property
+    def first_sampler(self) -> ResumableSampler:
+        return self.owned.sampler
+
+    def restore(self, saved: LoaderState, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
         world_size = self.sampler.num_replicas
-        world_size_policy(saved.state.world_size, world_size, True, _where(saved.state))
+        world_size_policy(saved.state.world_size, world_size, None, _where(saved.state))
         if saved.state.world_size != world_size:
             self.resized_epoch = saved.state.epoch  # counted in the old units: rebuilt at its end
         self.owned.restore(saved, verify)
@@ -176,10 +184,10 @@ class LoaderOwner(Owner):
         return self.owned.next_epoch_differs_in_length(epoch)
 
 
-class LoadersOwner(Owner):
+class LoadersOwner(Owner[LoadersState]):
     """Several map-style train loaders by key, iterated by a ``CombinedLoader`` in ``mode``."""
 
-    kind = "loaders"
+    state_type = LoadersState
 
     def __init__(self, loaders: Mapping[str, DataLoader[Any]], mode: str, seed: int) -> None:
         self.owned = {key: SampledLoader(loader, key) for key, loader in loaders.items()}
@@ -187,9 +195,7 @@ class LoadersOwner(Owner):
         for owned in self.owned.values():  # max_size_cycle restarts a shorter loader: a fresh order each time
             owned.sampler.passes = "cycle" if mode == "max_size_cycle" else "once"
 
-    def restore(self, saved: Body, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
-        self.refuse_other_kind(saved)
-        assert isinstance(saved, LoadersState)
+    def restore(self, saved: LoadersState, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
         if saved.mode != self.mode or set(saved.loaders) != set(self.owned):
             raise IncompatibleStateError(
                 f"the checkpoint holds train loaders {sorted(saved.loaders)} in {saved.mode} mode; now they are"
@@ -197,8 +203,12 @@ class LoadersOwner(Owner):
             )
         for key in sorted(self.owned):
             state = saved.loaders[key].state
-            world_size_policy(state.world_size, self.owned[key].sampler.num_replicas, False, _where(state))
+            world_size_policy(state.world_size, self.owned[key].sampler.num_replicas, SEVERAL_SAME_SIZE, _where(state))
             self.owned[key].restore(saved.loaders[key], verify)
+
+    @property
+    def first_sampler(self) -> ResumableSampler:
+        return next(iter(self.owned.values())).sampler
 
     def start_fresh(self, epoch: int) -> None:
         for each in self.owned.values():
@@ -239,11 +249,11 @@ class LoadersOwner(Owner):
             retire_previous(owned.loader)
 
 
-class StreamOwner(Owner):
-    """A stream: an ``IterableDataset`` with state, read through a `StreamLoader` (or LitData's
+class StreamOwner(Owner[StreamState]):
+    """A stream: an ``IterableDataset`` with state, read through a `StreamLoader` (or a data library's
     loader); per-rank positions."""
 
-    kind = "stream"
+    state_type = StreamState
 
     def __init__(self, loader: StreamReader, rank: int, world_size: int) -> None:
         check_contract(loader, owned=(loader.dataset,))
@@ -251,17 +261,14 @@ class StreamOwner(Owner):
         self.resumes_at: tuple[int, int | None] | None = None  # (epoch, batches); no count for a fresh epoch
         self.verifying: tuple[int, int] | None = None  # (epoch, batches) whose next batch is verified
 
-    def restore(self, saved: Body, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
-        self.refuse_other_kind(saved)
-        assert isinstance(saved, StreamState)
+    def restore(self, saved: StreamState, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
         if saved.reader != self.loader.reader:
             raise IncompatibleStateError(
                 f"the checkpoint's stream was read by {saved.reader}'s loader, and the train loader is now"
                 f" {self.loader.reader}'s"
             )
-        if saved.global_position:  # else state_for_rank refuses another world size, saying why
-            where = f"at epoch {saved.epoch}, after {saved.batches} batches of its stream"
-            world_size_policy(saved.world_size, self.world_size, True, where)
+        where = f"at epoch {saved.epoch}, after {saved.batches} batches of its stream"
+        world_size_policy(saved.world_size, self.world_size, world_size_refusal(saved), where)
         state = state_for_rank(saved, self.rank, self.world_size, self.loader.num_workers)  # refuses another layout
         if saved.finished:  # every rank had read its whole stream: the resume starts the next epoch
             self.loader.start_epoch(saved.epoch + 1)
@@ -284,9 +291,9 @@ class StreamOwner(Owner):
     def start_fresh(self, epoch: int) -> None:
         pass  # the loader asks the trainer for its epoch at each iter()
 
-    def save(self, at: SavePoint) -> StreamState | str:
+    def save(self, at: SavePoint) -> StreamState | Unresumable:
         if not at.collective and at.world_size > 1:  # one process waits for no other
-            return STREAM_OFF_PATH
+            return Unresumable(STREAM_OFF_PATH)
         check_contract(self.loader, owned=(self.loader.dataset,))
         loader, batches = self.loader, at.batches
         digest = loader.next_batch_digest(batches) if at.verify else ""
@@ -305,6 +312,9 @@ class StreamOwner(Owner):
             next_batch=[digest for _, digest, _ in gathered] if at.verify else None,
             reader=loader.reader,
         )
+
+    def ran_to_end(self, saved: StreamState, at: SavePoint) -> bool:
+        return saved.finished  # a stream's length is its own: every rank read to its end
 
     def start(self, trainer: pl.Trainer, batches: int) -> int:
         if self.resumes_at is None:
@@ -330,3 +340,7 @@ class StreamOwner(Owner):
 
     def retire_workers(self) -> None:
         self.loader.retire_workers()
+
+
+AnyOwner = LoaderOwner | LoadersOwner | StreamOwner
+"""An owner of any kind, as `lightning_resumable.train_input` builds them."""

@@ -8,11 +8,43 @@ epoch (nothing, after its last batch), a pass made instead of it starts after it
 
 from __future__ import annotations
 
+import collections
 import itertools
+import operator
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
-__all__ = ["SamplerPass"]
+__all__ = ["HandedOut", "SamplerPass"]
+
+
+class HandedOut:
+    """What one pass has handed out: the count, exact to the index and free on the hot path, and its
+    last chunks (what the trainer trains now was handed out in one of them: workers prefetch only a
+    few batches). A pass has its own: a copy of the sampler (a peek) keeps the old one's."""
+
+    def __init__(self) -> None:
+        self._current: tuple[int, int, Iterator[Any]] = (0, 0, iter(()))  # handed out before it, size, iterator
+        self._recent: collections.deque[tuple[int, list[Any]]] = collections.deque(maxlen=3)
+
+    def add(self, chunk: list[Any]) -> Iterator[Any]:
+        """The iterator that hands out ``chunk``, the pass's next."""
+        before, size, _ = self._current
+        iterator = iter(chunk)
+        self._current = (before + size, len(chunk), iterator)
+        self._recent.append((before + size, chunk))
+        return iterator
+
+    def count(self) -> int:
+        before, size, iterator = self._current
+        return before + size - operator.length_hint(iterator)
+
+    def find(self, first: int, size: int) -> list[Any] | None:
+        """The ``size`` elements handed out from the ``first``-th on, if a recent chunk holds them all."""
+        for before, chunk in self._recent:
+            start = first - before
+            if start >= 0 and start + size <= len(chunk):
+                return chunk[start : start + size]
+        return None
 
 
 class SamplerPass(itertools.chain[Any]):

@@ -48,9 +48,6 @@ class SampledLoader:
         check_contract(loader, owned=(sampler,))
         self.loader, self.sampler, self.key = loader, sampler, key
         self.to_verify: tuple[DataState, list[BatchFingerprint]] | None = None
-        # (epoch, cycle, anchor position, anchor batches): where this world size took over in that
-        # epoch's stream (None, None: not recorded); in any other, the stream's start.
-        self.anchored: tuple[int, int, int | None, int | None] = (-1, -1, 0, 0)
         self.produced = ProducedBatches(lambda: (sampler.epoch, sampler.cycle, sampler.origin[2]))
         self.verifying_produced = False  # the first batch after the restore is compared on every rank
         watch_loader(loader, self.produced)
@@ -67,8 +64,6 @@ class SampledLoader:
         state = saved.state
         self.sampler.restore(state)  # refuses another setup before anything changes
         resized = state.world_size != self.sampler.num_replicas
-        anchor = (state.position, state.batches) if resized else (state.anchor_position, state.anchor_batches)
-        self.anchored = (state.epoch, state.cycle, *anchor)
         self._restore_dataset(saved.dataset)
         if not verify:
             return
@@ -127,17 +122,13 @@ class SampledLoader:
         """
         check_contract(self.loader, owned=(self.sampler,))
         sampler = self.sampler
-        if at.next_epoch:
-            # The resume starts the next epoch (Lightning does the same).
-            state = replace(sampler.data_state(), epoch=sampler.epoch + 1, position=0, batches=0, cycle=0)
+        if at.next_epoch:  # the resume starts the next epoch (Lightning does the same)
+            state = sampler.state_at_start(sampler.epoch + 1, 0)
         elif cycle is not None and cycle != sampler.cycle:
             # The loader ran out exactly here and max_size_cycle has not restarted it yet.
-            state = replace(sampler.data_state(), cycle=cycle, position=0, batches=0)
+            state = sampler.state_at_start(sampler.epoch, cycle)
         else:
-            sampler.set_consumed_batches(batches)
-            state = sampler.data_state()
-        anchor = self.anchored[2:] if self.anchored[:2] == (state.epoch, state.cycle) else (0, 0)
-        state = replace(state, anchor_position=anchor[0], anchor_batches=anchor[1])
+            state = sampler.data_state(batches)
         fingerprints = None
         if at.verify and at.collective:
             mine = self._fingerprint(state, at)

@@ -8,9 +8,7 @@ O(1) time and memory, without replaying earlier positions or epochs.
 
 from __future__ import annotations
 
-import collections
 import functools
-import operator
 from collections.abc import Iterator, Mapping, Sized
 from typing import Any, Literal
 
@@ -21,7 +19,7 @@ from lightning_resumable._keys import cycle_seed
 from lightning_resumable.draws import Draws, Permutation
 from lightning_resumable.errors import PendingRestoreError
 from lightning_resumable.order import MAX_SIZE, one_thread
-from lightning_resumable.passes import SamplerPass
+from lightning_resumable.passes import HandedOut, SamplerPass
 from lightning_resumable.randomness import SampleKey, keyed_batches, sample_seeds
 from lightning_resumable.state import DataState
 
@@ -45,9 +43,9 @@ class ResumableSampler(DistributedSampler[Any]):
     (samples consumed by all ranks), so a state written on ``W`` processes restores on ``W'``, every
     remaining sample of the epoch once (plus ``DistributedSampler``-style padding unless ``drop_last``).
 
-    Consumption is what the trainer has trained on, not what workers prefetched: call
-    `set_consumed_batches` before `state_dict` (``ResumableDataCallback`` does); without it,
-    ``state_dict`` counts the indices handed out, right only without prefetching (``num_workers=0``).
+    Consumption is what the trainer has trained on, not what workers prefetched: pass the trained
+    batches to ``state_dict(batches)`` (``ResumableDataCallback`` does); without them it counts the
+    indices handed out, right only without prefetching (``num_workers=0``).
 
     Args:
         dataset: a sized dataset.
@@ -77,8 +75,7 @@ class ResumableSampler(DistributedSampler[Any]):
         ```python
         sampler = ResumableSampler(dataset, num_replicas=2, rank=0, seed=42, batch_size=8)
         loader = DataLoader(dataset, batch_size=8, sampler=sampler)
-        sampler.set_consumed_batches(10)  # 10 batches trained: checkpoint
-        state = sampler.state_dict()  # {"epoch": 0, "position": 160, ...}
+        state = sampler.state_dict(batches=10)  # 10 batches trained: {"epoch": 0, "position": 160, ...}
         sampler.load_state_dict(state)  # after the restart, before iterating
         ```
     """
@@ -97,14 +94,8 @@ class ResumableSampler(DistributedSampler[Any]):
         drop_last_batch: bool = False,
         passes: Passes = "repeat",
     ) -> None:
-        super().__init__(
-            dataset,  # type: ignore[arg-type]  # torch annotates Dataset; any Sized works
-            num_replicas=num_replicas,
-            rank=rank,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=drop_last,
-        )
+        # torch annotates Dataset; any Sized works
+        super().__init__(dataset, num_replicas, rank, shuffle, seed, drop_last)  # type: ignore[arg-type]
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if len(dataset) > MAX_SIZE:
@@ -126,16 +117,14 @@ class ResumableSampler(DistributedSampler[Any]):
         self._origin_position = 0
         self._origin_batches = 0
         self._origin_is_restored = False
+        # Where this world size took over the epoch's stream: the origin after a restore on another world
+        # size, else the saved anchor ((None, None): not recorded), else the stream's start.
+        self._anchor: tuple[int | None, int | None] = (0, 0)
         self._restored_pass: int | None = None  # the pass a restore was loaded into (torchdata's protocol)
         self._passes_made = 0
-        self._consumed_batches: int | None = None
         self.cycle = 0
         self._pass_complete = False  # the current pass ran to its end: the next one is the next cycle
-        # (indices handed out before the current chunk, chunk size, iterator over the chunk)
-        self._chunk: tuple[int, int, Iterator[Any]] = (0, 0, iter(()))
-        # The current pass's last chunks, (indices handed out before it, the chunk): what the trainer
-        # is training now was handed out in one of them (workers prefetch only a few batches).
-        self._recent_chunks: collections.deque[tuple[int, list[Any]]] = collections.deque(maxlen=3)
+        self._handed_out = HandedOut()
 
     # ----------------------------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int) -> None:
@@ -169,18 +158,15 @@ class ResumableSampler(DistributedSampler[Any]):
         self._start_fresh_pass()
 
     def _start_fresh_pass(self) -> None:
-        self._origin_position = 0
-        self._origin_batches = 0
+        self._origin_position = self._origin_batches = 0
         self._origin_is_restored = False
-        self._consumed_batches = None
+        self._anchor = (0, 0)
 
     # -------------------------------------------------------------------------------- iteration
     @property
     def stream_seed(self) -> int:
         """The key of the current cycle's stream: the run's seed for the first cycle of an epoch."""
-        if self.cycle == 0:
-            return self.seed
-        return cycle_seed(self.seed, self.cycle)
+        return self.seed if self.cycle == 0 else cycle_seed(self.seed, self.cycle)
 
     @property
     def stream_length(self) -> int:
@@ -190,9 +176,7 @@ class ResumableSampler(DistributedSampler[Any]):
     def _samples_per_rank(self) -> int:
         """Samples this rank yields from the origin to the end of the epoch."""
         remaining = max(0, self.stream_length - self._origin_position)
-        if self.drop_last:
-            return remaining // self.num_replicas
-        return -(-remaining // self.num_replicas)
+        return remaining // self.num_replicas if self.drop_last else -(-remaining // self.num_replicas)
 
     def __len__(self) -> int:
         """The epoch's length on this rank as the trainer counts it.
@@ -218,45 +202,41 @@ class ResumableSampler(DistributedSampler[Any]):
             self._next_pass()  # a restart within the epoch
         else:
             self._start_fresh_pass()
-        self._pass_complete = False
-        self._chunk = (0, 0, iter(()))
-        self._recent_chunks = collections.deque(maxlen=3)  # a new one: a copy (a peek) shares the old
+        self._pass_complete, self._handed_out = False, HandedOut()
         stride = self.num_replicas
         start = self._origin_position + self.rank
         stop = start + self._samples_per_rank() * stride
         if stop <= start:
             self._pass_complete = True
             return  # an empty dataset, or nothing left for this rank
-        handed_out_before = 0
         chunk_start, chunk_size = start, _FIRST_CHUNK
         while chunk_start < stop:
             chunk_stop = min(chunk_start + chunk_size * stride, stop)
             with one_thread():
                 chunk = self._chunk_between(chunk_start, chunk_stop)
             chunk_start, chunk_size = chunk_stop, min(chunk_size * 4, _CHUNK)
-            chunk_iterator = iter(chunk)
-            self._chunk = (handed_out_before, len(chunk), chunk_iterator)
-            self._recent_chunks.append((handed_out_before, chunk))
-            yield chunk_iterator
-            handed_out_before += len(chunk)
+            yield self._handed_out.add(chunk)
         self._pass_complete = True
 
     def _chunk_between(self, start: int, stop: int) -> list[Any]:
         """This rank's indices (or keys, or batches) at global positions ``start, start + W, ... < stop``."""
-        positions = unwrapped = torch.arange(start, stop, self.num_replicas)
+        unwrapped = torch.arange(start, stop, self.num_replicas)
         # Seeds are keyed by the position before padding wraps it, so a padded repeat of an index
         # draws other augmentations than its first occurrence.
-        if positions[-1] >= self.stream_length:
-            # Padding wraps around to the start of the epoch's stream, as DistributedSampler does.
-            wrapped = (positions - self.stream_length) % self.stream_length
-            positions = torch.where(positions >= self.stream_length, wrapped, positions)
-        drawn = self.draws(self.stream_seed, self.epoch, positions)
+        drawn = self.draws(self.stream_seed, self.epoch, self._wrapped(unwrapped))
         if not isinstance(drawn, torch.Tensor):  # a batch sampler's stream: each position is a whole batch
             return keyed_batches(self.stream_seed, self.epoch, drawn, unwrapped) if self.sample_keys else drawn
         indices = drawn.tolist()
         if not self.sample_keys:
             return list(indices)
         return list(zip(indices, sample_seeds(self.stream_seed, self.epoch, unwrapped).tolist(), strict=True))
+
+    def _wrapped(self, positions: torch.Tensor) -> torch.Tensor:
+        """Padding wraps around to the start of the epoch's stream, as ``DistributedSampler``'s does."""
+        length = self.stream_length
+        if len(positions) and positions[-1] >= length:
+            return torch.where(positions >= length, positions % length, positions)
+        return positions
 
     def __iter__(self) -> SamplerPass:
         # Lazy until the first next(): torch's multi-worker iterator calls iter() twice, uses the second.
@@ -271,72 +251,58 @@ class ResumableSampler(DistributedSampler[Any]):
         stream (a few draws, about 100 µs). For a batch sampler's stream, the indices of that batch.
         """
         first = (batch - self._origin_batches) * self.batch_size  # counted from the origin of this pass
-        for handed_out_before, chunk in self._recent_chunks:
-            start = first - handed_out_before
-            if start >= 0 and start + self.batch_size <= len(chunk):
-                elements = chunk[start : start + self.batch_size]
-                if elements and isinstance(elements[0], list):  # a batch sampler's stream
-                    elements = elements[0]
-                return [element[0] if isinstance(element, tuple) else element for element in elements]
-        stride = self.num_replicas
-        start = self._origin_position + (batch - self._origin_batches) * self.batch_size * stride + self.rank
-        stop = min(
-            start + self.batch_size * stride, self._origin_position + self.rank + self._samples_per_rank() * stride
-        )
-        positions = torch.arange(start, max(start, stop), stride)
-        if len(positions) and positions[-1] >= self.stream_length:  # padding wraps around, as in _chunks
-            positions = torch.where(positions >= self.stream_length, positions % self.stream_length, positions)
-        with one_thread():
-            drawn = self.draws(self.stream_seed, self.epoch, positions)
-        if isinstance(drawn, torch.Tensor):
-            return list(drawn.tolist())
-        return [index for element in drawn for index in element]
-
-    def _handed_out_count(self) -> int:
-        """Indices handed out by the current iterator, exact to the index and free on the hot path."""
-        handed_out_before, chunk_size, chunk_iterator = self._chunk
-        return handed_out_before + chunk_size - operator.length_hint(chunk_iterator)
+        elements = self._handed_out.find(first, self.batch_size)
+        if elements is None:
+            stride, start = self.num_replicas, self._origin_position + self.rank
+            stop = min(start + (first + self.batch_size) * stride, start + self._samples_per_rank() * stride)
+            with one_thread():
+                elements = self._chunk_between(start + first * stride, stop) if stop > start + first * stride else []
+        if elements and isinstance(elements[0], list):  # a batch sampler's stream: a position is a batch
+            elements = elements[0]
+        return [element[0] if isinstance(element, tuple) else element for element in elements]
 
     # ------------------------------------------------------------------------------------ state
-    def set_consumed_batches(self, batches: int) -> None:
-        """Declare that ``batches`` batches of the current epoch have been trained, as the trainer counts them.
+    def data_state(self, batches: int | None = None) -> DataState:
+        """The state after ``batches`` batches of the current epoch were trained, as the trainer counts
+        them (from the epoch's start, batches before a restore included); ``None``: the indices handed
+        out, which alone carry no anchor.
 
-        Counted from the start of the epoch, including batches trained before a restore.
+        Raises:
+            ValueError: ``batches`` is fewer than the batches at the restored position.
         """
-        if batches < self._origin_batches:
+        anchor: tuple[int | None, int | None] = (None, None)
+        if batches is None:
+            handed_out = self._handed_out.count()
+            position = self._origin_position + handed_out * self.num_replicas
+            batches = self._origin_batches + handed_out // self.batch_size
+        elif batches < self._origin_batches:
             raise ValueError(
                 f"consumed batches ({batches}) cannot be fewer than the batches at the restored position"
                 f" ({self._origin_batches})"
             )
-        self._consumed_batches = batches
-
-    def data_state(self) -> DataState:
-        """The current state as a typed value."""
-        if self._consumed_batches is not None:
-            batches = self._consumed_batches
-            position = self._origin_position + (batches - self._origin_batches) * self.batch_size * self.num_replicas
         else:
-            handed_out = self._handed_out_count()
-            position = self._origin_position + handed_out * self.num_replicas
-            batches = self._origin_batches + handed_out // self.batch_size
-        return DataState(
-            seed=self.seed,
-            epoch=self.epoch,
-            position=position,
-            batches=batches,
-            dataset_size=self.dataset_size,
-            shuffle=self.shuffle,
-            drop_last=self.drop_last,
-            batch_size=self.batch_size,
-            world_size=self.num_replicas,
-            draws=self.draws.describe(),
-            cycle=self.cycle,
-            drop_last_batch=self.drop_last_batch,
-        )
+            position = self._origin_position + (batches - self._origin_batches) * self.batch_size * self.num_replicas
+            anchor = self._anchor
+        return self._state(position, batches, anchor, self.stream_length)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Plain-typed global state: ``seed``, ``epoch``, ``position`` (all ranks), ``batches`` and the setup."""
-        return self.data_state().to_dict()
+    def _state(
+        self, position: int, batches: int, anchor: tuple[int | None, int | None], stream_length: int | None
+    ) -> DataState:
+        return DataState(
+            seed=self.seed, epoch=self.epoch, position=position, batches=batches, dataset_size=self.dataset_size,
+            shuffle=self.shuffle, drop_last=self.drop_last, batch_size=self.batch_size, world_size=self.num_replicas,
+            draws=self.draws.describe(), cycle=self.cycle, drop_last_batch=self.drop_last_batch,
+            anchor_position=anchor[0], anchor_batches=anchor[1], stream_length=stream_length,
+        )  # fmt: skip
+
+    def state_at_start(self, epoch: int, cycle: int) -> DataState:
+        """The state at the start of ``epoch``'s ``cycle``, nothing consumed."""
+        length = self.draws.epoch_length(self.seed if cycle == 0 else cycle_seed(self.seed, cycle), epoch)
+        return self.data_state().at_start(epoch, cycle, length)
+
+    def state_dict(self, batches: int | None = None) -> dict[str, Any]:
+        """`data_state` in plain types: ``seed``, ``epoch``, ``position`` (all ranks), ``batches`` and the setup."""
+        return self.data_state(batches).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Start the saved epoch at the saved global position on the next ``iter()`` (that one only).
@@ -357,12 +323,14 @@ class ResumableSampler(DistributedSampler[Any]):
         Raises:
             IncompatibleStateError: dataset size, shuffle, drop_last, batch size or draws differ.
         """
-        saved.check_same_data(self.data_state())
+        saved.check_same_data(self._state(0, 0, (None, None), None))  # the setup (a length may cost a pass)
         epoch_set = self.epoch
         self.seed = saved.seed
         self.epoch, self.cycle, self._pass_complete = saved.epoch, saved.cycle, False
-        self._consumed_batches, self._chunk = None, (0, 0, iter(()))
+        self._handed_out = HandedOut()
         self._origin_position, self._origin_batches = saved.position, saved.batches
+        resized = saved.world_size != self.num_replicas
+        self._anchor = (saved.position, saved.batches) if resized else (saved.anchor_position, saved.anchor_batches)
         self._origin_is_restored, self._restored_pass = True, None
         if epoch_set == saved.epoch + 1 and saved.position >= self.stream_length:
             self.epoch, self.cycle = epoch_set, 0  # the loop has begun the next epoch: start it

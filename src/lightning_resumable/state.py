@@ -10,19 +10,29 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from lightning_resumable.errors import IncompatibleStateError, StateFormatError
 
 __all__ = ["STATE_VERSION", "DataState"]
 
-STATE_VERSION = 5
+STATE_VERSION = 6
 # Version 1 had no ``draws`` (it was always a permutation); versions 1 and 2 had no ``cycle`` (always 0);
 # versions 1 to 3 did not record the loader's ``drop_last`` (``drop_last_batch`` is None: not checked);
-# versions 1 to 4 had no anchor (``None``: the position is only checked to lie within the epoch).
-_READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# versions 1 to 4 had no anchor (``None``: the position is only checked to lie within the epoch);
+# versions 1 to 5 had no ``stream_length``: read from what ``draws`` describes (`_described_length`).
+_READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 _LENGTH_IN_DRAWS = re.compile(r"(?:num_samples|size)=(\d+)")
+
+
+def _described_length(draws: object, dataset_size: object) -> int | None:
+    """A stream's length as a state before version 6 tells it: the dataset size for a permutation,
+    ``num_samples=`` or ``size=`` of other draws, ``None`` (not checked) for a batch sampler's stream."""
+    if draws in ("permutation", "sequential"):
+        return dataset_size if type(dataset_size) is int else None
+    found = _LENGTH_IN_DRAWS.search(draws) if isinstance(draws, str) else None
+    return int(found.group(1)) if found else None
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,9 @@ class DataState:
             ``anchor_position + (batches - anchor_batches) * batch_size * world_size``: the position
             is checked against the trainer's count. ``None`` where not recorded (a sampler's own
             ``state_dict``, or a state before version 5): then it is only checked to lie in the epoch.
+        stream_length: positions in the epoch's global stream (samples, or batches for a batch
+            sampler), which bounds ``position``; ``None`` only where a state before version 6 could not
+            tell it (a batch sampler's stream).
     """
 
     seed: int
@@ -67,6 +80,7 @@ class DataState:
     drop_last_batch: bool | None = False
     anchor_position: int | None = None
     anchor_batches: int | None = None
+    stream_length: int | None = None
     version: int = STATE_VERSION
 
     def to_dict(self) -> dict[str, int | bool | str | None]:
@@ -78,9 +92,11 @@ class DataState:
         saved: dict[str, int | bool | str | None] = asdict(self)
         absent: tuple[str, ...]
         if self.drop_last_batch is None:  # versions 1 to 3: neither the loader's drop_last nor an anchor
-            version, absent = 3, ("drop_last_batch", "anchor_position", "anchor_batches")
+            version, absent = 3, ("drop_last_batch", "anchor_position", "anchor_batches", "stream_length")
         elif self.anchor_position is None:  # version 4: no anchor
-            version, absent = 4, ("anchor_position", "anchor_batches")
+            version, absent = 4, ("anchor_position", "anchor_batches", "stream_length")
+        elif self.stream_length is None:  # version 5: no length
+            version, absent = 5, ("stream_length",)
         else:
             return saved
         saved = {key: value for key, value in saved.items() if key not in absent}
@@ -105,8 +121,11 @@ class DataState:
         if version in (1, 2, 3):
             raw, unrecorded = {**raw, "drop_last_batch": None}, {"drop_last_batch"}
         if version in (1, 2, 3, 4):
-            raw = {**raw, "anchor_position": None, "anchor_batches": None, "version": STATE_VERSION}
+            raw = {**raw, "anchor_position": None, "anchor_batches": None}
             unrecorded |= {"anchor_position", "anchor_batches"}
+        if version < 6:
+            length = _described_length(raw.get("draws"), raw.get("dataset_size"))
+            raw, unrecorded = {**raw, "stream_length": length, "version": STATE_VERSION}, unrecorded | {"stream_length"}
         values: dict[str, Any] = {}
         for field in fields(cls):
             if field.name not in raw:
@@ -121,12 +140,26 @@ class DataState:
                 )
             values[field.name] = value
         state = cls(**values)
-        if min(state.epoch, state.position, state.batches, state.cycle) < 0:
+        if min(state.epoch, state.position, state.batches, state.cycle, state.stream_length or 0) < 0:
             raise StateFormatError(f"data state has a negative epoch, position, batch count or cycle: {state}")
         if state.dataset_size < 1 or state.batch_size < 1 or state.world_size < 1:
             raise StateFormatError(f"data state has a non-positive size: {state}")
         state.check_position()
         return state
+
+    def at_start(self, epoch: int, cycle: int, stream_length: int) -> DataState:
+        """This setup's state at the start of ``epoch``'s ``cycle`` (a stream of ``stream_length``
+        positions): nothing consumed, the stream's start the anchor."""
+        return replace(
+            self,
+            epoch=epoch,
+            cycle=cycle,
+            position=0,
+            batches=0,
+            anchor_position=0,
+            anchor_batches=0,
+            stream_length=stream_length,
+        )
 
     def check_position(self) -> None:
         """Raise `StateFormatError` unless ``position`` is where ``batches`` put it (from the anchor) and
@@ -151,16 +184,6 @@ class DataState:
                 f"the data state's position {self.position} lies past the end of its epoch ({length} positions):"
                 " the state was altered"
             )
-
-    @property
-    def stream_length(self) -> int | None:
-        """Positions in the epoch's global stream as ``draws`` describes it: the dataset size for a
-        permutation, ``num_samples=`` or ``size=`` of other draws (`lightning_resumable.draws` writes
-        them so), ``None`` for a batch sampler's stream, whose length is its own."""
-        if self.draws in ("permutation", "sequential"):
-            return self.dataset_size
-        found = _LENGTH_IN_DRAWS.search(self.draws)
-        return int(found.group(1)) if found else None
 
     def check_same_data(self, current: DataState) -> None:
         """Raise if ``current`` (the running setup) would read a different stream than the saved one.

@@ -61,6 +61,7 @@ __all__ = [
     "StreamState",
     "state_for_rank",
     "torchdata_version",
+    "world_size_refusal",
 ]
 
 
@@ -226,47 +227,59 @@ class StreamLoader(RecordedLoader, StatefulDataLoader):  # type: ignore[misc]  #
         self._next_epoch = epoch
 
 
+def world_size_refusal(saved: StreamState) -> str | None:
+    """Why ``saved`` cannot resume on another world size (for the world-size policy); ``None``: it can,
+    its position being global (every rank restores rank 0's state, or a library partitions its count again)."""
+    if saved.global_position:
+        return None
+    if saved.reader == "torchdata":
+        return (
+            "a stream's position is per rank (each rank reads its own shard), so it means other data on another"
+            f" world size. Resume on {saved.world_size} processes, or give the dataset {GLOBAL_POSITION_ATTRIBUTE}"
+            " = True if its state is the same on every rank"
+        )
+    library = {"litdata": "LitData", "mosaic": "MosaicML Streaming"}.get(saved.reader, saved.reader)
+    return (
+        f"{library} restripes its stream on another layout itself, but this release does not resume {library}"
+        f" elastically yet. Resume on {saved.world_size} processes with num_workers={saved.num_workers}"
+    )
+
+
 def state_for_rank(
     saved: StreamState, rank: int, world_size: int, num_workers: int, torchdata: str | None = None
 ) -> dict[str, Any]:
-    """The loader state that ``rank`` of ``world_size`` restores (``torchdata``: the installed version).
+    """The loader state that ``rank`` of ``world_size`` restores (``torchdata``: the installed version);
+    the world size is the policy's to allow (`world_size_refusal`), the rest of the layout is checked here.
 
     Raises:
-        WorldSizeChangedError: another world size, and the dataset's position is per rank.
+        WorldSizeChangedError: another world size where `world_size_refusal` refuses it, or (a data
+            library's state whose position is per rank) another number of workers per process.
         WorkerCountChangedError: another number of workers per process.
         IncompatibleStateError: the state was written by a newer torchdata than the installed one.
         StateFormatError: a rank's state is not a loader state of that number of workers.
     """
+    refusal = world_size_refusal(saved)
+    if world_size != saved.world_size and refusal is not None:
+        raise WorldSizeChangedError(
+            f"the checkpoint's stream state was written on {saved.world_size} processes and resumes on {world_size}:"
+            f" {refusal}"
+        )
+    own_rank = rank if world_size == saved.world_size else 0
+    if saved.reader != "torchdata":  # a data library's loader's state: its own checks
+        # A library's global count (Mosaic's) is partitioned again on any number of workers (its loader
+        # checks that the global batch is the same); LitData's own elastic resume is not exact.
+        if refusal is not None and num_workers != saved.num_workers:
+            raise WorldSizeChangedError(
+                f"the checkpoint's stream state was written on {saved.world_size} processes with num_workers="
+                f"{saved.num_workers} and resumes on {world_size} with num_workers={num_workers}: {refusal}"
+            )
+        return saved.ranks[own_rank]
     installed = torchdata_version() if torchdata is None else torchdata
-    torchdata_state = saved.reader == "torchdata"  # else a data library's loader's: its own checks
-    library = {"litdata": "LitData", "mosaic": "MosaicML Streaming"}.get(saved.reader, saved.reader)
-    if torchdata_state and saved.torchdata and torchdata_release(installed) < torchdata_release(saved.torchdata):
+    if saved.torchdata and torchdata_release(installed) < torchdata_release(saved.torchdata):
         raise IncompatibleStateError(
             f"the checkpoint's stream state was written with torchdata {saved.torchdata} and resumes with"
             f" torchdata {installed}: an older torchdata cannot read a newer one's StatefulDataLoader state."
             f" Install torchdata>={saved.torchdata}"
-        )
-    # A library's global count (Mosaic's) is partitioned again on any world size and number of workers
-    # (its loader checks that the global batch is the same); LitData's own elastic resume is not exact.
-    if (
-        not torchdata_state
-        and not saved.global_position
-        and (world_size, num_workers) != (saved.world_size, saved.num_workers)
-    ):
-        raise WorldSizeChangedError(
-            f"the checkpoint's {library} state was written on {saved.world_size} processes with num_workers="
-            f"{saved.num_workers} and resumes on {world_size} with num_workers={num_workers}: {library} restripes"
-            f" its stream on another layout itself, but this release does not resume {library} elastically yet."
-            f" Resume on {saved.world_size} processes with num_workers={saved.num_workers}"
-        )
-    if not torchdata_state:
-        return saved.ranks[rank if world_size == saved.world_size else 0]
-    if world_size != saved.world_size and not saved.global_position:
-        raise WorldSizeChangedError(
-            f"the checkpoint's stream state was written on {saved.world_size} processes and resumes on {world_size}:"
-            " a stream's position is per rank (each rank reads its own shard), so it means other data on"
-            f" another world size. Resume on {saved.world_size} processes, or give the dataset"
-            f" {GLOBAL_POSITION_ATTRIBUTE} = True if its state is the same on every rank"
         )
     if num_workers != saved.num_workers:
         raise WorkerCountChangedError(
@@ -276,4 +289,4 @@ def state_for_rank(
         )
     for each, state in enumerate(saved.ranks):  # every rank checks them all
         check_loader_state(state, saved.num_workers, each)
-    return saved.ranks[rank if world_size == saved.world_size else 0]
+    return saved.ranks[own_rank]

@@ -23,7 +23,6 @@ import atexit
 import contextlib
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import train  # (torch, Lightning, the library: imported once, here)
-from processes import dump_stacks_on_signal
+from processes import dump_stacks_on_signal, free_port
 
 with contextlib.suppress(ImportError):  # the ``hf`` scenarios' data
     import datasets  # noqa: F401
@@ -40,12 +39,6 @@ with contextlib.suppress(ImportError):  # the ``hf`` scenarios' data
 
 RANKS_GRACE_S = 30.0
 """After rank 0 fails, how long the other ranks may take to end and print their own failure."""
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _report(*exc_info: Any) -> None:
@@ -98,7 +91,7 @@ def _lead(request: dict[str, Any]) -> None:
     os.environ.update(request.get("env", {}))
     world_size = request["world_size"]
     if world_size > 1:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE=str(world_size))
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world_size))
     ranks = []
     for rank in range(1, world_size):
         pid = os.fork()

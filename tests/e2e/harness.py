@@ -463,3 +463,8 @@ class Runner:
             outcome = Outcome(scenario, self.full(scenario), self.stopped(scenario), self.resumed(scenario))
             self._outcomes[scenario] = outcome
         return self._outcomes[scenario]
+
+
+def ids_in_epoch(records: Records, epoch: int) -> list[int]:
+    """Every sample id the ranks trained in ``epoch``, rank after rank."""
+    return [i for rank_records in records.values() for r in rank_records if r["epoch"] == epoch for i in r["ids"]]

@@ -14,6 +14,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -230,3 +231,10 @@ class ForkServer:
         if self.process is not None:
             kill_tree(self.process)
             self.process = None
+
+
+def free_port() -> int:
+    """A TCP port no process listens on now, for a run's rendezvous (``MASTER_PORT``)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -5,21 +5,14 @@ exact does not cover" and the harness's `LOSS_TOLERANCE` are out of date."""
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from .processes import run_tree
+from .processes import free_port, run_tree
 
 SCRIPT = Path(__file__).with_name("ddp_first_step.py")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

@@ -15,13 +15,9 @@ from dataclasses import replace
 
 import pytest
 
-from .harness import Records, Runner, Scenario
+from .harness import Records, Runner, Scenario, ids_in_epoch
 
 STOPPED_ON_TWO = Scenario(world_size=2, stop_kind="batch_end")
-
-
-def ids_in_epoch(records: Records, epoch: int) -> list[int]:
-    return [i for rank_records in records.values() for r in rank_records if r["epoch"] == epoch for i in r["ids"]]
 
 
 def data_after_epoch(records: Records, epoch: int) -> dict[int, list[tuple[object, ...]]]:

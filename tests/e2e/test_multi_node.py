@@ -8,23 +8,26 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 from . import processes
-from .harness import RUN_TIMEOUT_S, TRAIN_SCRIPT, Outcome, Records, Scenario, _config, read_records, run_phase
-from .test_elastic_resume import ids_in_epoch
+from .harness import (
+    RUN_TIMEOUT_S,
+    TRAIN_SCRIPT,
+    Outcome,
+    Records,
+    Scenario,
+    _config,
+    ids_in_epoch,
+    read_records,
+    run_phase,
+)
+from .processes import free_port
 
 NODES, PER_NODE = 2, 2
 SCENARIO = Scenario(world_size=NODES * PER_NODE, num_workers=1, dataset_size=38)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def run_nodes(phase: str, run_dir: Path, checkpoint: Path) -> Records:

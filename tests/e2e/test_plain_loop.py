@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .processes import run_tree
-from .test_ddp_first_step import free_port
+from .processes import free_port, run_tree
 
 SCRIPT = Path(__file__).with_name("plain_loop.py")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from .preemption import (
     steps_of,
     wait_for_steps,
 )
+from .processes import free_port
 
 PREEMPTED = Scenario(world_size=2, num_workers=2, dataset_size=96, epochs=2)
 """12 batches per rank and epoch; the signal lands in epoch 0 or 1, mid-epoch."""
@@ -90,12 +90,6 @@ def test_a_sigterm_inside_an_accumulation_window_is_acted_on_at_its_end(
 
 # ------------------------------------------------------------------------------ SLURM auto-requeue
 SLURM_JOB_ID = "4242"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def slurm_launch(
