@@ -19,7 +19,7 @@ from typing import Any
 import litdata
 import torch
 
-from lightning_resumable._litdata import make_litdata_resumable
+from lightning_resumable.readers.litdata import make_litdata_resumable
 
 SAMPLES, BATCH_SIZE, ROUNDS = 9_600, 32, 3
 

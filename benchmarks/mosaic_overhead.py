@@ -22,7 +22,7 @@ import numpy as np
 import streaming
 import torch
 
-from lightning_resumable._mosaic import make_mosaic_resumable
+from lightning_resumable.readers.mosaic import make_mosaic_resumable
 
 SAMPLES, BATCH_SIZE, ROUNDS = 9_600, 32, 3
 

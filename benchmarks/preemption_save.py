@@ -19,9 +19,9 @@ import time
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_resumable.loader import make_resumable
-from lightning_resumable.sampler import ResumableSampler
-from lightning_resumable.verification import fingerprint_next_batch
+from lightning_resumable.core.sampler import ResumableSampler
+from lightning_resumable.core.verification import fingerprint_next_batch
+from lightning_resumable.readers.build import make_resumable
 
 
 class Decoded(Dataset[torch.Tensor]):

@@ -52,9 +52,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lightning_resumable import ResumableSampler, SampleSeededDataset, sample_rng
-from lightning_resumable.randomness import seed_global_generators, seed_training_step
-from lightning_resumable.state import DataState
-from lightning_resumable.verification import check_fingerprints, fingerprint_next_batch
+from lightning_resumable.core.randomness import seed_global_generators, seed_training_step
+from lightning_resumable.core.verification import check_fingerprints, fingerprint_next_batch
+from lightning_resumable.format.state import DataState
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script: its sibling modules
 from timing import epoch_seconds, per_call_us
@@ -196,7 +196,7 @@ def overhead_table(steps: int, rounds: int) -> None:
 
 def audit_table(rounds: int) -> None:
     """The audit log's own work per step: the batch's indices (from the stream) and one flushed line."""
-    from lightning_resumable.audit import AuditLog
+    from lightning_resumable.format.audit import AuditLog
 
     sampler = ResumableSampler(IndexDataset(1_000_000), 2, 0, batch_size=BATCH_SIZE, sample_keys=True)
     handed_out = iter(sampler)
@@ -257,7 +257,7 @@ def seeding_table(calls: int, rounds: int) -> None:
 
 
 def sample_rng_cost(kind: str) -> None:
-    from lightning_resumable.randomness import begin_sample, end_sample
+    from lightning_resumable.core.randomness import begin_sample, end_sample
 
     begin_sample(987654321, seed_globals=False)
     try:
@@ -305,7 +305,7 @@ def standard_sampler_table(sizes: list[int], rounds: int) -> None:
     from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
     from torch.utils.data import RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
-    from lightning_resumable.loader import make_resumable
+    from lightning_resumable.readers.build import make_resumable
 
     print(f"\n7. Standard samplers: restore to first batch at 90% (2 ranks, batch 32; best of {rounds}, in process)")
     print(f"{'N':>12} | {'sampler':<28} | {'ours':>9} | {'DistributedSamplerWrapper':>25} | {'ours faster by':>14}")
@@ -347,7 +347,7 @@ def standard_sampler_table(sizes: list[int], rounds: int) -> None:
 def stream_table(size: int, rounds: int) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from lightning_resumable.loader import make_stream_resumable
+    from lightning_resumable.readers.build import make_stream_resumable
 
     def loaders(workers: int) -> dict[str, Any]:
         def theirs() -> Any:

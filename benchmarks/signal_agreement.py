@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lightning_resumable.signals import DeferredSignals
+from lightning_resumable.lightning.signals import DeferredSignals
 
 WORLD_SIZE = 2
 

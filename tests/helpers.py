@@ -15,8 +15,8 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset, get_worker_info
 
 from lightning_resumable import ResumableDataCallback, ResumableDataModule
-from lightning_resumable.loader import make_stream_resumable
-from lightning_resumable.streams import StreamLoader
+from lightning_resumable.readers.build import make_stream_resumable
+from lightning_resumable.readers.streams import StreamLoader
 
 __all__ = [
     "Counting",

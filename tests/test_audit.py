@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lightning_resumable import ResumableDataCallback
-from lightning_resumable.audit import first_divergence, read_audit
+from lightning_resumable.format.audit import first_divergence, read_audit
 
 from .helpers import Data, SaveAtStep, Several, trainer
 
@@ -75,7 +75,7 @@ def test_an_interrupted_run_compares_identical_and_a_differently_seeded_one_does
 def test_a_line_cut_by_a_kill_is_ended_before_the_next_record_and_no_record_is_dropped(tmp_path: Path) -> None:
     """A kill cut the last line; the resumed run appended to it. compare then failed with "not JSON", or,
     when the cut line was the last, dropped the resumed step silently."""
-    from lightning_resumable.audit import AuditLog
+    from lightning_resumable.format.audit import AuditLog
 
     first = AuditLog(tmp_path, 0)
     first.write(0, 0, [1, 2])

@@ -19,8 +19,8 @@ from lightning_resumable import (
     ResumableSampler,
     UnsupportedLoaderError,
 )
-from lightning_resumable.batches import BatchDraws
-from lightning_resumable.loader import make_resumable
+from lightning_resumable.core.batches import BatchDraws
+from lightning_resumable.readers.build import make_resumable
 
 from .helpers import Model, assert_resumes_exactly
 

@@ -19,7 +19,7 @@ from lightning_resumable import (
     StateFormatError,
     WorldSizeChangedError,
 )
-from lightning_resumable.owners import LoaderOwner
+from lightning_resumable.lightning.owners import LoaderOwner
 
 from .helpers import Data, Model, PlainData, SaveAtStep, assert_resumes_exactly, checkpoint_with_callback, trainer
 
@@ -199,7 +199,7 @@ def test_a_reloaded_train_loader_retires_the_last_ones_workers_before_its_own_fo
     """``reload_dataloaders_every_n_epochs=1`` builds a new loader each epoch; the last one's iterator was
     left to the garbage collector, which reached it right after the new workers forked, and its workers
     then took the join's full timeout to end (about 5 s each: benchmarks/reload_cost.py)."""
-    from lightning_resumable import owners
+    from lightning_resumable.lightning import owners
 
     events: list[str] = []
     retire = owners.LoaderOwner.retire_workers

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_resumable.cli import main, render, summarise
-from lightning_resumable.format import StreamState
+from lightning_resumable.format.envelope import StreamState
+from lightning_resumable.tools.cli import main, render, summarise
 
 from .helpers import checkpoint_with_callback
 

@@ -9,7 +9,7 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import DataLoader
 
 from lightning_resumable import UnsupportedLoaderError
-from lightning_resumable.combined import key_seed, loader_position, split_train_loaders
+from lightning_resumable.lightning.combined import key_seed, loader_position, split_train_loaders
 
 
 def test_a_shorter_loader_cycles_in_max_size_cycle() -> None:

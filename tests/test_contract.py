@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-import lightning_resumable.sampled_loader as sampled_loader_module
+import lightning_resumable.lightning.sampled_loader as sampled_loader_module
 from lightning_resumable import (
     ContractViolationError,
     IncompatibleStateError,
@@ -19,8 +19,8 @@ from lightning_resumable import (
     ResumableDataCallback,
     ResumableDataModule,
 )
-from lightning_resumable.contract import check_contract, pipeline
-from lightning_resumable.loader import make_resumable
+from lightning_resumable.readers.build import make_resumable
+from lightning_resumable.readers.contract import check_contract, pipeline
 
 from .helpers import Model, SaveAtStep, trainer
 

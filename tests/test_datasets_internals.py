@@ -1,4 +1,4 @@
-"""The Hugging Face ``datasets`` internals `lightning_resumable._datasets` reads, against the installed
+"""The Hugging Face ``datasets`` internals `lightning_resumable.readers.hugging_face` reads, against the installed
 version, and the refusal of a shuffled stream that ``datasets`` cannot resume exactly."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from lightning_resumable import UnsupportedLoaderError
-from lightning_resumable._datasets import shuffle_buffer_size
-from lightning_resumable.loader import make_resumable
+from lightning_resumable.readers.build import make_resumable
+from lightning_resumable.readers.hugging_face import shuffle_buffer_size
 
 datasets = pytest.importorskip("datasets")
 

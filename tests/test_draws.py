@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, RandomSampler, SubsetRandomSampler, WeightedRandomSampler
 
 from lightning_resumable import IncompatibleStateError, ResumableSampler
-from lightning_resumable.draws import (
+from lightning_resumable.core.draws import (
     Draws,
     Permutation,
     RepeatedPermutation,
@@ -20,7 +20,7 @@ from lightning_resumable.draws import (
     UniformDraws,
     WeightedDraws,
 )
-from lightning_resumable.loader import make_resumable
+from lightning_resumable.readers.build import make_resumable
 
 CHI_SQUARE_999: dict[int, float] = {4: 18.47, 5: 20.52, 9: 27.88}
 """The chi-square distribution's 99.9% quantile by degrees of freedom: a correct sampler exceeds it

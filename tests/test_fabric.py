@@ -10,7 +10,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from lightning_resumable import PendingRestoreError, ResumableSampler
-from lightning_resumable.fabric import loader_state, restore_loader
+from lightning_resumable.lightning.fabric import loader_state, restore_loader
 
 EPOCHS, BATCH_SIZE = 3, 4
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from lightning_resumable.errors import StateFormatError
-from lightning_resumable.format import (
+from lightning_resumable.format.envelope import (
     Envelope,
     LoadersState,
     LoaderState,
@@ -18,7 +18,7 @@ from lightning_resumable.format import (
     StreamState,
     parse,
 )
-from lightning_resumable.state import DataState
+from lightning_resumable.format.state import DataState
 
 STATE = DataState(
     seed=3, epoch=1, position=8, batches=2, dataset_size=20, shuffle=True, drop_last=False, batch_size=2,
@@ -90,7 +90,8 @@ def test_what_is_no_data_state_is_refused(raw: object) -> None:
 
 def test_reading_a_checkpoint_does_not_import_lightning() -> None:
     code = (
-        "import sys, lightning_resumable.cli; print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning'))"
+        "import sys, lightning_resumable.tools.cli;"
+        " print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning'))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lightning_resumable.held_generators import MAX_CONTAINER, HeldGenerators, find_generators
+from lightning_resumable.core.held_generators import MAX_CONTAINER, HeldGenerators, find_generators
 
 
 def draws(generator: Any) -> list[float]:

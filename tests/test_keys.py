@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import lightning_resumable
-from lightning_resumable._keys import MASK64, Domain, check_version, domain_key, splitmix64
+from lightning_resumable.format._keys import MASK64, Domain, check_version, domain_key, splitmix64
 
 
 def test_splitmix64_gives_the_reference_implementations_outputs() -> None:

@@ -1,40 +1,49 @@
-"""The package's shape: no circular imports, the core free of Lightning, modules of a readable size."""
+"""The package's shape: layers that import only downwards (type-only imports included), the core free of
+Lightning, no circular imports, modules of a readable size, no test module importing another."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import lightning_resumable
 
 PACKAGE = Path(lightning_resumable.__file__).parent
-CORE = {
-    *("_keys", "_torch", "_torchdata", "order", "draws", "batches", "state", "passes", "sampler", "watched_globals"),
-    *(
-        "randomness",
-        "format",
-        "verification",
-        "contract",
-        "libraries",
-        "errors",
-        "held_generators",
-        "produced",
-        "settings",
-        "_parsing",
-        "stream_state",
-    ),
-}
-IMPORT = re.compile(r"^\s*from lightning_resumable(?:\.(\w+))? import \(?\s*(\w+)", re.MULTILINE)
-MODULES = {path.stem for path in PACKAGE.glob("*.py")}
+LAYERS = ("internals", "format", "core", "readers", "lightning", "tools")
+"""From the bottom up: a layer imports the layers below it (and ``errors``), never one above."""
+WITHOUT_LIGHTNING = {"format", "core"}
+IMPORT = re.compile(r"^\s*(?:from|import) (lightning_resumable(?:\.\w+)*)", re.MULTILINE)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
 
 
 def imports() -> dict[str, set[str]]:
-    graph = {}
-    for path in PACKAGE.glob("*.py"):
-        text = path.read_text()  # type-only imports included: a circle of types is a circle to read
-        graph[path.stem] = {module or name for module, name in IMPORT.findall(text) if (module or name) in MODULES}
-        graph[path.stem].discard(path.stem)
+    """Each module's imports of the package's modules (``from x import name`` of a submodule counts as it);
+    type-only imports included: a circle of types is a circle to read."""
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lightning_resumable"):
+                for alias in node.names:
+                    submodule = f"{node.module}.{alias.name}"
+                    found.add(submodule if submodule in MODULES else node.module)
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name.startswith("lightning_resumable")}
+        graph[name] = {each for each in found if each in MODULES and each != name}
     return graph
+
+
+def layer_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in LAYERS else None
 
 
 def test_no_module_imports_one_that_imports_it_back() -> None:
@@ -46,24 +55,40 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
     assert [module for module in graph if reaches(module, module, set())] == []
 
 
-def test_the_core_imports_neither_lightning_nor_the_other_layers() -> None:
-    graph = imports()
-    for module in CORE:
-        text = (PACKAGE / f"{module}.py").read_text()
-        assert not re.search(r"^\s*(from|import) lightning\b", text, re.MULTILINE), module
-        assert graph[module] <= CORE, (module, graph[module] - CORE)
+def test_every_module_lives_in_a_layer() -> None:
+    top = {"lightning_resumable", "lightning_resumable.__main__", "lightning_resumable.errors"}
+    assert {module for module in MODULES if layer_of(module) is None and module not in LAYERS} - top == {
+        f"lightning_resumable.{layer}" for layer in LAYERS
+    }
 
 
-def test_no_module_is_much_over_350_lines() -> None:
-    lengths = {path.name: len(path.read_text().splitlines()) for path in PACKAGE.glob("*.py")}
-    assert {name: length for name, length in lengths.items() if length > 380} == {}
+def test_a_layer_imports_only_the_layers_below_it() -> None:
+    upward = []
+    for module, imported in imports().items():
+        layer = layer_of(module)
+        if layer is None:
+            continue
+        for each in imported:
+            other = layer_of(each)
+            if other is not None and LAYERS.index(other) > LAYERS.index(layer):
+                upward.append((module, each))
+    assert upward == []
+
+
+def test_the_format_and_the_core_import_no_lightning() -> None:
+    for module, path in MODULES.items():
+        if layer_of(module) in WITHOUT_LIGHTNING:
+            assert not re.search(r"^\s*(from|import) lightning\b", path.read_text(), re.MULTILINE), module
+
+
+def test_no_module_is_over_350_lines() -> None:
+    lengths = {module: len(path.read_text().splitlines()) for module, path in MODULES.items()}
+    assert {module: length for module, length in lengths.items() if length > 350} == {}
 
 
 def test_the_callback_class_keeps_the_hooks_and_little_else() -> None:
     """About 200 lines of code (the docstring aside): the hooks, the options, the seed, the world-size policy."""
-    import ast
-
-    tree = ast.parse((PACKAGE / "callback.py").read_text())
+    tree = ast.parse(MODULES["lightning_resumable.lightning.callback"].read_text())
     (cls,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "ResumableDataCallback"]
     docstring = cls.body[0]
     assert cls.end_lineno is not None and docstring.end_lineno is not None
@@ -74,11 +99,8 @@ def test_the_callback_class_keeps_the_hooks_and_little_else() -> None:
 def test_no_test_module_imports_another() -> None:
     """What tests share lives in ``helpers.py`` (and ``e2e/harness.py``, ``e2e/processes.py``), not in a test module."""
     tests = Path(__file__).parent
+    pattern = r"^\s*from \.+(?:\w+\.)*test_\w+ import|^\s*from tests(?:\.\w+)*\.test_\w+ import"
     importing = [
-        path.relative_to(tests).as_posix()
-        for path in tests.rglob("*.py")
-        if re.search(
-            r"^\s*from \.+(?:\w+\.)*test_\w+ import|^\s*from tests(?:\.\w+)*\.test_\w+ import", path.read_text(), re.M
-        )
+        path.relative_to(tests).as_posix() for path in tests.rglob("*.py") if re.search(pattern, path.read_text(), re.M)
     ]
     assert importing == []

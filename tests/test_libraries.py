@@ -19,9 +19,9 @@ from lightning_resumable import (
     ResumableDataModule,
     UnsupportedLoaderError,
 )
-from lightning_resumable.contract import check_contract
-from lightning_resumable.libraries import library_of, required_state_dict_arguments
-from lightning_resumable.loader import make_resumable
+from lightning_resumable.readers.build import make_resumable
+from lightning_resumable.readers.contract import check_contract
+from lightning_resumable.readers.libraries import library_of, required_state_dict_arguments
 
 from .helpers import Model, trainer
 
@@ -119,7 +119,7 @@ def test_a_librarys_own_position_keys_are_not_taken_for_derived_quantities() -> 
 
 
 def test_importing_the_library_imports_no_data_library() -> None:
-    """LitData is imported only when a train loader holds it (`lightning_resumable._litdata`)."""
+    """LitData is imported only when a train loader holds it (`lightning_resumable.readers.litdata`)."""
     import subprocess
     import sys
 

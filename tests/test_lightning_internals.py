@@ -7,7 +7,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 
-from lightning_resumable._lightning import batches_processed
+from lightning_resumable.internals._lightning import batches_processed
 
 from .helpers import trainer as make_trainer
 
@@ -24,7 +24,7 @@ def test_the_not_resumable_warning_text_still_matches_lightnings() -> None:
 
     from lightning.pytorch.loops import training_epoch_loop
 
-    from lightning_resumable._lightning import _NOT_RESUMABLE_WARNING
+    from lightning_resumable.internals._lightning import _NOT_RESUMABLE_WARNING
 
     assert _NOT_RESUMABLE_WARNING in inspect.getsource(training_epoch_loop)
 
@@ -45,7 +45,7 @@ def test_lightning_still_rebuilds_a_dataloader_subclass_from_its_recorded_argume
     from lightning.fabric.utilities.data import _replace_dunder_methods
     from torch.utils.data import DataLoader, SequentialSampler
 
-    from lightning_resumable._lightning import reinstantiate_loader
+    from lightning_resumable.internals._lightning import reinstantiate_loader
 
     class Renamed(DataLoader):  # type: ignore[type-arg]
         def __init__(self, data: object, size: int, **kwargs: object) -> None:
@@ -61,7 +61,7 @@ def test_lightning_still_rebuilds_a_dataloader_subclass_from_its_recorded_argume
 def test_a_combined_loaders_mode_is_readable() -> None:
     from lightning.pytorch.utilities import CombinedLoader
 
-    from lightning_resumable._lightning import combined_loader_mode
+    from lightning_resumable.internals._lightning import combined_loader_mode
 
     for mode in ("max_size_cycle", "max_size", "min_size", "sequential"):
         assert combined_loader_mode(CombinedLoader({"a": [1]}, mode)) == mode  # type: ignore[arg-type]
@@ -73,7 +73,7 @@ def test_lightning_does_not_take_the_stream_loader_for_a_stateful_one() -> None:
     from lightning.fabric.utilities.types import _Stateful
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from lightning_resumable.streams import StreamLoader
+    from lightning_resumable.readers.streams import StreamLoader
 
     assert isinstance(StatefulDataLoader([1, 2]), _Stateful)  # the protocol still detects a plain one
     assert not isinstance(StreamLoader([1, 2]), _Stateful)
@@ -88,7 +88,7 @@ def test_lightnings_signal_handling_is_where_the_preemption_helpers_reach(
 
     from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
 
-    from lightning_resumable._lightning import handle_preemption_signal, preemption_signals
+    from lightning_resumable.internals._lightning import handle_preemption_signal, preemption_signals
 
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
     assert preemption_signals(trainer) == (signal.SIGTERM,)
@@ -122,7 +122,7 @@ def test_lightnings_signal_handling_is_where_the_preemption_helpers_reach(
 def test_a_save_inside_a_lightning_signal_handler_is_off_the_training_path() -> None:
     from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
 
-    from lightning_resumable._lightning import saving_off_the_training_path
+    from lightning_resumable.internals._lightning import saving_off_the_training_path
 
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
     assert not saving_off_the_training_path(trainer)
@@ -134,7 +134,7 @@ def test_a_save_inside_a_lightning_signal_handler_is_off_the_training_path() -> 
 def test_fabric_still_sets_the_epoch_of_each_pass_from_the_count_restore_loader_sets() -> None:
     from torch.utils.data import DataLoader
 
-    from lightning_resumable._lightning import set_fabric_pass_count
+    from lightning_resumable.internals._lightning import set_fabric_pass_count
 
     epochs: list[int] = []
 

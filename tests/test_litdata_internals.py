@@ -1,4 +1,4 @@
-"""`lightning_resumable._litdata` against the installed LitData (CI's extras step; skipped without it):
+"""`lightning_resumable.readers.litdata` against the installed LitData (CI's extras step; skipped without it):
 the state at the trainer's count survives Lightning's look-ahead, a restore is not overwritten before
 its pass begins, and a resumed pass that Lightning stops at its length, without exhausting it, is not
 replayed as the next epoch."""
@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from lightning_resumable.errors import UnsupportedLoaderError, WorldSizeChangedError
-from lightning_resumable.format import StreamState
-from lightning_resumable.streams import state_for_rank
+from lightning_resumable.format.envelope import StreamState
+from lightning_resumable.readers.streams import state_for_rank
 
 from .e2e import train
 
 litdata = pytest.importorskip("litdata")
 
-from lightning_resumable._litdata import LitDataLoader, make_litdata_resumable  # noqa: E402
+from lightning_resumable.readers.litdata import LitDataLoader, make_litdata_resumable  # noqa: E402
 
 BATCHES = 12  # 48 samples in batches of 4, one process
 

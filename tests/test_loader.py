@@ -10,8 +10,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable import IncompatibleStateError, ResumableSampler, UnsupportedLoaderError
-from lightning_resumable.loader import make_resumable
-from lightning_resumable.workers import WorkerSafeDataLoader
+from lightning_resumable.readers.build import make_resumable
+from lightning_resumable.readers.workers import WorkerSafeDataLoader
 
 
 class Squares(Dataset[int]):

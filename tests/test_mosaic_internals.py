@@ -1,4 +1,4 @@
-"""`lightning_resumable._mosaic` against the installed MosaicML Streaming (CI's extras step; skipped
+"""`lightning_resumable.readers.mosaic` against the installed MosaicML Streaming (CI's extras step; skipped
 without it): the state at the trainer's count is Mosaic's own and resumes the epoch on any number of
 workers, the next epoch is fresh, the private names the module reads are there, and a dataset that
 Mosaic built for another world, or partitions by another batch size, is refused."""
@@ -15,9 +15,9 @@ from torch.utils.data import DataLoader
 
 from lightning_resumable import set_mosaic_environment
 from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoaderError
-from lightning_resumable.format import StreamState
-from lightning_resumable.loader import make_resumable
-from lightning_resumable.streams import state_for_rank
+from lightning_resumable.format.envelope import StreamState
+from lightning_resumable.readers.build import make_resumable
+from lightning_resumable.readers.streams import state_for_rank
 
 from .e2e import train
 
@@ -26,7 +26,7 @@ if importlib.util.find_spec("streaming") is None:
 
 streaming = train.import_streaming()
 
-from lightning_resumable._mosaic import MosaicLoader, make_mosaic_resumable, order_of, seen_world  # noqa: E402
+from lightning_resumable.readers.mosaic import MosaicLoader, make_mosaic_resumable, order_of, seen_world  # noqa: E402
 
 BATCHES = 12  # 48 samples in batches of 4, one process
 

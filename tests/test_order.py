@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_resumable import EpochOrder
-from lightning_resumable.order import MAX_SIZE
+from lightning_resumable.core.order import MAX_SIZE
 
 
 @settings(max_examples=200, deadline=None)

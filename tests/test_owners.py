@@ -11,9 +11,9 @@ import pytest
 from torch.utils.data import IterableDataset
 
 from lightning_resumable.errors import IncompatibleStateError, WorldSizeChangedError
-from lightning_resumable.format import StreamState
-from lightning_resumable.owners import StreamOwner
-from lightning_resumable.world_size import check_world_size
+from lightning_resumable.format.envelope import StreamState
+from lightning_resumable.lightning.owners import StreamOwner
+from lightning_resumable.lightning.world_size import check_world_size
 
 
 class Stream(IterableDataset[int]):

@@ -21,9 +21,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_resumable._torchdata import torchdata_version
 from lightning_resumable.errors import IncompatibleStateError, StateFormatError
-from lightning_resumable.format import (
+from lightning_resumable.format.envelope import (
     STATE_KEY,
     BatchFingerprint,
     Envelope,
@@ -33,8 +32,9 @@ from lightning_resumable.format import (
     StreamState,
     parse,
 )
-from lightning_resumable.state import DataState
-from lightning_resumable.streams import state_for_rank
+from lightning_resumable.format.state import DataState
+from lightning_resumable.internals._torchdata import torchdata_version
+from lightning_resumable.readers.streams import state_for_rank
 
 from .helpers import loader_state
 

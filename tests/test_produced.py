@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_resumable.produced import ProducedBatches, watch_loader
-from lightning_resumable.verification import digest_of
+from lightning_resumable.core.produced import ProducedBatches, watch_loader
+from lightning_resumable.core.verification import digest_of
 
 
 class Squares(Dataset[torch.Tensor]):

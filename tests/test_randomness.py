@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_resumable import NotInSampleFetchError, SampleSeededDataset, sample_rng
-from lightning_resumable.loader import make_resumable
-from lightning_resumable.randomness import seed_training_step, step_seed
+from lightning_resumable.core.randomness import seed_training_step, step_seed
+from lightning_resumable.readers.build import make_resumable
 
 
 class Augmenting(Dataset[tuple[int, list[float]]]):

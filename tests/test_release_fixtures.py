@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from lightning_resumable import IncompatibleStateError
-from lightning_resumable._torchdata import torchdata_release, torchdata_version
-from lightning_resumable.cli import main as cli_main
+from lightning_resumable.internals._torchdata import torchdata_release, torchdata_version
+from lightning_resumable.tools.cli import main as cli_main
 
 from .release_fixtures import FIXTURES, ids_of, run
 

@@ -6,7 +6,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from lightning_resumable import UnsupportedLoaderError
-from lightning_resumable.settings import TORCH_SETTINGS, forwarded_settings, refuse_persistent_workers
+from lightning_resumable.readers.settings import TORCH_SETTINGS, forwarded_settings, refuse_persistent_workers
 
 DATA = list(range(8))
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import torch
 
-from lightning_resumable.signals import DeferredSignals
+from lightning_resumable.readers.worker_signals import DeferredSignals
 
 
 def test_a_signal_is_recorded_then_agreed_on_once_and_the_previous_handler_comes_back() -> None:
@@ -64,7 +64,7 @@ def run_worker_and_signal_it_twice(init: bool) -> tuple[bool, int]:
     then again: the signal that ended it."""
     from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
 
-    from lightning_resumable.signals import LeaveSigtermToRank
+    from lightning_resumable.readers.worker_signals import LeaveSigtermToRank
 
     ready, handled = os.pipe(), os.pipe()
     child = os.fork()
@@ -105,7 +105,7 @@ def test_a_loader_worker_leaves_a_group_sigterm_to_its_rank_while_the_rank_holds
 def test_a_signal_arriving_during_an_agreement_is_kept_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
     """A handler runs between any two bytecodes: one that ran while the flags were being built was
     cleared with them, and its rank never stopped (a preempted run trained on to its end)."""
-    import lightning_resumable.signals as signals_module
+    import lightning_resumable.readers.worker_signals as signals_module
 
     signals = DeferredSignals([signal.SIGUSR1])
     assert signals.install()

@@ -23,13 +23,13 @@ from lightning_resumable import (
     WorkerCountChangedError,
     WorldSizeChangedError,
 )
-from lightning_resumable._keys import stream_key, stream_sample_seed
-from lightning_resumable.format import StreamState
-from lightning_resumable.loader import make_stream_resumable
-from lightning_resumable.streams import (
+from lightning_resumable.core.verification import check_first_stream_batches, digest_of
+from lightning_resumable.format._keys import stream_key, stream_sample_seed
+from lightning_resumable.format.envelope import StreamState
+from lightning_resumable.readers.build import make_stream_resumable
+from lightning_resumable.readers.streams import (
     state_for_rank,
 )
-from lightning_resumable.verification import check_first_stream_batches, digest_of
 
 from .helpers import Counting, Model, loader_state, stream_loader, trainer
 

@@ -1,4 +1,5 @@
-"""torch's private ``DataLoader`` names that `lightning_resumable._torch` uses, against the installed torch."""
+"""torch's private ``DataLoader`` names that `lightning_resumable.internals._torch` uses, against the
+installed torch."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_resumable._torch import (
+from lightning_resumable.internals._torch import (
     MakesIterators,
     batches_handed_out,
     has_shut_down,

@@ -1,4 +1,4 @@
-"""`lightning_resumable._torchdata` against the installed torchdata: a real stream loader's state passes
+"""`lightning_resumable.internals._torchdata` against the installed torchdata: a real stream loader's state passes
 the structure check for its number of workers, and damaged ones are refused with `StateFormatError`
 before torchdata sees them (torchdata raised ``KeyError``/``RuntimeError``, or read the stream again
 from its start when a worker's state was ``{}``)."""
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from lightning_resumable import StateFormatError
-from lightning_resumable._torchdata import check_loader_state
+from lightning_resumable.internals._torchdata import check_loader_state
 
 from .helpers import loader_state, stream_loader
 
@@ -80,7 +80,7 @@ def test_torchdata_itself_reads_a_stream_from_its_start_after_an_emptied_state()
 def test_a_state_taken_before_iter_makes_the_iterator_the_next_iter_hands_out() -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from lightning_resumable._torchdata import holds_restored_iterator, take_iterator
+    from lightning_resumable.internals._torchdata import holds_restored_iterator, take_iterator
 
     loader = StatefulDataLoader(list(range(8)), batch_size=2)
     assert take_iterator(loader) is None and not holds_restored_iterator(loader)

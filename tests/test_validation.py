@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from lightning_resumable.validation import ValidationSeededDataset, seed_validation_loaders
+from lightning_resumable.lightning.validation import ValidationSeededDataset, seed_validation_loaders
 
 
 class Augmented(Dataset[torch.Tensor]):

@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_resumable import ResumableDataCallback, ResumableDataModule, ResumeVerificationError, StateFormatError
-from lightning_resumable.format import BatchFingerprint
-from lightning_resumable.verification import digest_of
+from lightning_resumable.core.verification import digest_of
+from lightning_resumable.format.envelope import BatchFingerprint
 
 from .helpers import Model, SaveAtStep, trainer
 

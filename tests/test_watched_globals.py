@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_resumable import SampleSeededDataset
-from lightning_resumable.loader import make_resumable
-from lightning_resumable.watched_globals import WatchedGlobals, seed_generators
+from lightning_resumable.core.watched_globals import WatchedGlobals, seed_generators
+from lightning_resumable.readers.build import make_resumable
 
 SIZE = 24
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_resumable import workers
-from lightning_resumable.workers import WorkerSafeDataLoader, worker_safe
+from lightning_resumable.readers import workers
+from lightning_resumable.readers.workers import WorkerSafeDataLoader, worker_safe
 
 
 def data() -> TensorDataset:

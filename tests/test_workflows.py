@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_resumable import PartialAccumulationError, ResumableDataCallback, ResumableDataModule
-from lightning_resumable import sampled_loader as sampled_loader_module
+from lightning_resumable.lightning import sampled_loader as sampled_loader_module
 
 
 class Model(L.LightningModule):

@@ -1,15 +1,17 @@
 """Exact mid-epoch resume for PyTorch Lightning under DDP.
 
 The two Lightning integration classes are imported on first use, so that reading a checkpoint
-(``lightning-resumable inspect``, `lightning_resumable.format`) does not import Lightning.
+(``lightning-resumable inspect``, `lightning_resumable.format.envelope`) does not import Lightning.
 """
 
 from importlib import import_module
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
-from lightning_resumable.batches import ResumableBatchSampler
-from lightning_resumable.contract import PassThroughWrapper
+from lightning_resumable.core.batches import ResumableBatchSampler
+from lightning_resumable.core.order import EpochOrder
+from lightning_resumable.core.randomness import SampleRng, SampleSeededDataset, sample_rng
+from lightning_resumable.core.sampler import ResumableSampler
 from lightning_resumable.errors import (
     ContractViolationError,
     DuplicateCallbackError,
@@ -31,17 +33,15 @@ from lightning_resumable.errors import (
     WorkerCountChangedError,
     WorldSizeChangedError,
 )
-from lightning_resumable.libraries import set_mosaic_environment
-from lightning_resumable.order import EpochOrder
-from lightning_resumable.randomness import SampleRng, SampleSeededDataset, sample_rng
-from lightning_resumable.sampler import ResumableSampler
-from lightning_resumable.state import DataState
+from lightning_resumable.format.state import DataState
+from lightning_resumable.readers.contract import PassThroughWrapper
+from lightning_resumable.readers.libraries import set_mosaic_environment
 
 if TYPE_CHECKING:
-    from lightning_resumable.callback import ResumableDataCallback
-    from lightning_resumable.datamodule import ResumableDataModule
+    from lightning_resumable.lightning.callback import ResumableDataCallback
+    from lightning_resumable.lightning.datamodule import ResumableDataModule
 
-_LIGHTNING_CLASSES = {"ResumableDataCallback": "callback", "ResumableDataModule": "datamodule"}
+_LIGHTNING_CLASSES = {"ResumableDataCallback": "lightning.callback", "ResumableDataModule": "lightning.datamodule"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,7 @@
-"""``python -m lightning_resumable inspect CHECKPOINT [--json]`` (see `lightning_resumable.cli`)."""
+"""``python -m lightning_resumable inspect CHECKPOINT [--json]`` (see `lightning_resumable.tools.cli`)."""
 
 import sys
 
-from lightning_resumable.cli import main
+from lightning_resumable.tools.cli import main
 
 sys.exit(main())

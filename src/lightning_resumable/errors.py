@@ -131,5 +131,5 @@ class PendingRestoreError(ResumeError):
 
     It would drop the restored position and start that epoch from its beginning. Fabric's
     ``setup_dataloaders`` does this on every pass (``set_epoch`` with its count of passes, 0 in a new
-    process): restore a Fabric loader with `lightning_resumable.fabric.restore_loader`.
+    process): restore a Fabric loader with `lightning_resumable.lightning.fabric.restore_loader`.
     """

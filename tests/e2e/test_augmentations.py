@@ -4,7 +4,7 @@ uninterrupted run's.
 
 albumentations' ``Compose`` draws from generators of its own, seeded once (from ``seed``, or from
 entropy) and advanced by every sample a worker transforms; the library reseeds them per sample by
-where they sit (`lightning_resumable.held_generators`). So does a dataset's own ``torch.Generator``.
+where they sit (`lightning_resumable.core.held_generators`). So does a dataset's own ``torch.Generator``.
 kornia draws from torch's global generator, which the library seeds per sample (a guard: it was
 exact before). A generator the library cannot reach is refused by the self-check, which compares the
 batch the workers produce after the resume with the one they produced uninterrupted.

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from lightning_resumable.audit import first_divergence, read_audit
+from lightning_resumable.format.audit import first_divergence, read_audit
 
 from . import processes
 from .harness import FORK, RUN_TIMEOUT_S, TRAIN_SCRIPT, Scenario, fork_server

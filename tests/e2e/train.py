@@ -50,7 +50,7 @@ from torch.utils.data import (
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable import ResumableBatchSampler, ResumableDataCallback, ResumableDataModule
-from lightning_resumable.workers import garbage_collector_paused
+from lightning_resumable.readers.workers import garbage_collector_paused
 
 warnings.filterwarnings("ignore", category=UserWarning)
 

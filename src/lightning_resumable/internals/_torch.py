@@ -1,0 +1,99 @@
+"""torch's ``DataLoader`` internals the library relies on: the one module that names them.
+
+torch has no public way to act when a loader makes an iterator, to see each batch an iterator hands
+out, or to wait until a finished iterator's workers and queue threads have ended. These are the
+private names used for that, each tested against the installed torch by
+``tests/test_torch_internals.py`` (as `lightning_resumable.internals._lightning` is for Lightning's):
+
+- ``DataLoader._get_iterator``: ``DataLoader.__iter__`` makes every iterator through it.
+- an iterator's ``_next_data`` (called by ``_BaseDataLoaderIter.__next__`` for each batch) and
+  ``_num_yielded`` (the batches it has handed out).
+- a multi-process iterator's ``_workers``, ``_index_queues``, ``_shutdown`` and ``_shutdown_workers``,
+  and ``multiprocessing.Queue``'s feeder thread ``_thread``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+__all__ = [
+    "MakesIterators",
+    "batches_handed_out",
+    "has_shut_down",
+    "iterator_factory",
+    "next_batch_function",
+    "replace_next_batch",
+    "retire_iterator",
+    "set_iterator_factory",
+    "uses_worker_processes",
+]
+
+MakeIterator = Callable[[], Any]
+
+
+class MakesIterators:
+    """A mixin for a ``DataLoader`` class: each iterator it makes is ``self.make_iterator(make)``."""
+
+    def make_iterator(self, make: MakeIterator) -> Any:
+        return make()
+
+    def _get_iterator(self) -> Any:
+        return self.make_iterator(super()._get_iterator)  # type: ignore[misc]
+
+
+def iterator_factory(loader: DataLoader[Any]) -> MakeIterator:
+    """What makes ``loader``'s next iterator (bound to it)."""
+    return loader._get_iterator
+
+
+def set_iterator_factory(loader: DataLoader[Any], make: MakeIterator) -> None:
+    """Make ``loader``'s iterators with ``make`` from now on; its class stays its own."""
+    loader._get_iterator = make  # type: ignore[method-assign]
+
+
+def next_batch_function(iterator: Any) -> Callable[[Any], Any] | None:
+    """The unbound function that reads ``iterator``'s next batch, ``None`` if it is not torch's iterator."""
+    if getattr(iterator, "_next_data", None) is None or not hasattr(iterator, "_num_yielded"):
+        return None
+    read: Callable[[Any], Any] = type(iterator)._next_data
+    return read
+
+
+def replace_next_batch(iterator: Any, read: Callable[[], Any]) -> None:
+    """``iterator`` reads each batch with ``read()`` from now on (its class stays torch's, as
+    Lightning's worker shutdown checks)."""
+    iterator._next_data = read
+
+
+def batches_handed_out(iterator: Any) -> int:
+    """The batches ``iterator`` has handed out in its pass."""
+    count: int = iterator._num_yielded
+    return count
+
+
+def uses_worker_processes(iterator: object) -> bool:
+    """Whether ``iterator`` is a multi-process one (whose threads end when its pass does)."""
+    return hasattr(iterator, "_workers")
+
+
+def has_shut_down(iterator: object) -> bool:
+    """Whether torch has shut ``iterator``'s workers down (its pass ended, or it was retired)."""
+    return bool(getattr(iterator, "_shutdown", False))
+
+
+def retire_iterator(iterator: object, timeout: float) -> None:
+    """Shut down ``iterator``'s workers and wait (each at most ``timeout`` seconds) until its processes
+    and its index queues' feeder threads have ended. Idempotent; nothing to do for a single-process one."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if callable(shutdown):
+        shutdown()  # joins the workers (terminating stragglers) and closes the index queues
+    for worker in getattr(iterator, "_workers", ()):
+        worker.join(timeout=timeout)
+    for queue in getattr(iterator, "_index_queues", ()):
+        feeder = getattr(queue, "_thread", None)
+        if isinstance(feeder, threading.Thread) and feeder is not threading.current_thread():
+            feeder.join(timeout=timeout)

@@ -1,0 +1,343 @@
+"""The one owner of the train loaders' position: persisted in the checkpoint, applied once on restore,
+verified before the first resumed step; and the owner of the training step's randomness.
+
+The callback keeps the Lightning hooks, its options, the run's seed and the world-size policy; what
+depends on the kind of train input is its `lightning_resumable.lightning.owners` owner's.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.trainer.states import TrainerFn
+from typing_extensions import override
+
+from lightning_resumable.core.randomness import seed_training_step
+from lightning_resumable.core.sampler import ResumableSampler
+from lightning_resumable.errors import (
+    LateRestoreError,
+    MissingCallbackError,
+    MissingStateError,
+)
+from lightning_resumable.format.audit import AuditLog
+from lightning_resumable.format.envelope import STATE_KEY, Body, Envelope, holds_no_state, parse
+from lightning_resumable.internals._lightning import (
+    batches_fetched_before,
+    batches_processed,
+    rebuild_train_loader,
+    resumes_in_next_epoch,
+    saving_off_the_training_path,
+    silence_not_resumable_warning,
+    validation_resumes_from_its_start,
+)
+from lightning_resumable.lightning.owners import AnyOwner
+from lightning_resumable.lightning.progress import (
+    BatchCount,
+    SavePoint,
+    partial_accumulation,
+    refuse_partial_accumulation,
+)
+from lightning_resumable.lightning.signals import HeldPreemption
+from lightning_resumable.lightning.world_size import check_world_size
+
+__all__ = ["ResumableDataCallback"]
+
+
+class ResumableDataCallback(pl.Callback):
+    """Makes a resumed run continue as if never interrupted: same batches, same content, same steps.
+
+    On save it records the train input's global state (seed, epoch, samples consumed by all ranks,
+    the setup), counting the batches the trainer really completed rather than what the loader
+    prefetched, and a fingerprint of the batch each rank trains next. On restore it hands that state
+    to the loader `ResumableDataModule` builds, before its iterator exists; at ``on_train_start`` it
+    checks that the trainer resumed where the data did and that the next batches match their
+    fingerprints. What depends on the kind of train input (one loader, several, a stream) is the
+    `lightning_resumable.lightning.owners` owner's. Randomness is derived, never stored: a sample is fetched
+    under a seed of ``(seed, epoch, global position)``, a step starts from ``(seed, epoch, batch)``.
+
+    Args:
+        allow_world_size_change: resume on a different number of processes (logged once on rank 0);
+            ``False`` raises `WorldSizeChangedError` instead.
+        seed_samples: seed torch's CPU generator, ``random`` and NumPy's global ``RandomState``
+            before each sample is fetched, so augmentations are exact (``sample_rng()`` works either way).
+        seed_steps: reseed those generators (and CUDA's) at the start of every training step, so
+            dropout is exact. Every rank gets the same seed, as with ``seed_everything``.
+        verify: record the next batch's fingerprint at every save and compare it on resume.
+        audit_dir: where each rank appends, per trained step, its epoch, batch index and sample ids
+            (``audit.rank{R}.jsonl``; ``python -m lightning_resumable compare`` compares two runs).
+        allow_inexact_streams: train on a stream known not to resume exactly (a Hugging Face stream
+            with a shuffle buffer, which ``datasets`` does not save), with a warning, instead of
+            refusing it with `UnsupportedLoaderError`.
+
+    Raises:
+        MissingStateError: resuming a checkpoint written without this callback.
+        IncompatibleStateError: the checkpoint's data setup differs from the current one (and
+            `WorldSizeChangedError`, `WorkerCountChangedError` where that cannot be exact).
+        ResumeVerificationError: before the first resumed step, a batch differs from its fingerprint.
+        MissingCallbackError: training starts without a ``ResumableDataModule`` train loader.
+        ContractViolationError: an object in the train loader persists a derived quantity.
+        PartialAccumulationError: the checkpoint was saved inside a gradient accumulation window.
+
+    Every other refusal has a class of its own (the Exceptions page). ``state_dict`` is collective
+    during training: save on every rank, as ``ModelCheckpoint`` does.
+
+    Example:
+        ```python
+        class MyData(ResumableDataModule, L.LightningDataModule):
+            def train_dataloader(self):
+                return DataLoader(self.dataset, batch_size=32, shuffle=True, num_workers=2)
+
+        trainer = L.Trainer(strategy="ddp", devices=2, callbacks=[ResumableDataCallback()])
+        trainer.fit(model, MyData(), ckpt_path="last.ckpt")
+        ```
+    """
+
+    def __init__(
+        self,
+        allow_world_size_change: bool = True,
+        seed_samples: bool = True,
+        seed_steps: bool = True,
+        verify: bool = True,
+        audit_dir: str | None = None,
+        allow_inexact_streams: bool = False,
+    ) -> None:
+        self.allow_world_size_change = allow_world_size_change
+        self.seed_samples = seed_samples
+        self.seed_steps = seed_steps
+        self.verify = verify
+        self.audit_dir = audit_dir
+        self.allow_inexact_streams = allow_inexact_streams
+        self._audit: AuditLog | None = None
+        self._trainer: pl.Trainer | None = None
+        self._owner: AnyOwner | None = None  # built with the loaders by train_dataloader()
+        self._pending: Body | None = None  # a restored state not yet applied to a loader
+        self._seed: int | None = None
+        self._batches = BatchCount()
+        self._preemption = HeldPreemption()
+        self._started = False  # training of this fit has started: the loader's position is in use
+        self._captured: tuple[tuple[int, int], dict[str, Any]] | None = None  # (epoch, batches), the envelope
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return STATE_KEY
+
+    @property
+    def sampler(self) -> ResumableSampler | None:
+        """The train sampler this callback persists (the first, with several loaders), once built."""
+        return self._owner.first_sampler if self._owner is not None else None
+
+    # ------------------------------------------------------------------- building the loader
+    def shuffle_seed(self, trainer: pl.Trainer) -> int:
+        """The run's shuffle seed: the checkpoint's, else ``seed_everything``'s, else drawn once by rank 0."""
+        if self._pending is not None:
+            return self._pending.seed
+        if self._seed is None:
+            global_seed = os.environ.get("PL_GLOBAL_SEED")
+            if global_seed is not None:
+                self._seed = int(global_seed)
+            else:
+                drawn = random.SystemRandom().randrange(2**31)
+                self._seed = int(trainer.strategy.broadcast(drawn, src=0))
+        return self._seed
+
+    def take(self, owner: AnyOwner, current_epoch: int) -> None:
+        """Take ownership of the train input's position (`lightning_resumable.lightning.train_input` built ``owner``)
+        before its loaders are iterated: apply a restored state once, or else select the trainer's current
+        epoch (a loader reloaded mid-run may be iterated, with prefetching workers, before Lightning's
+        ``set_epoch``)."""
+        if self._owner is not None:  # a reload: the last loader's workers end before the new ones fork
+            self._owner.retire_workers()
+        self._owner, restored, self._pending = owner, self._pending, None
+        if restored is None:
+            owner.start_fresh(current_epoch)
+            return
+        owner.restore_saved(
+            restored, current_epoch, self.verify, functools.partial(check_world_size, self.allow_world_size_change)
+        )
+        self._seed = restored.seed
+
+    # ----------------------------------------------------------------------------- persisting
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+        silence_not_resumable_warning()
+        if stage == TrainerFn.FITTING:
+            # Each fit builds its train loader anew (a second fit on the same trainer too): forget the last one's.
+            self._owner, self._pending, self._batches = None, None, BatchCount()
+            self._started, self._captured = False, None
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """The data state in its envelope (`lightning_resumable.format.envelope`); collective during training
+        (every rank's fingerprint and stream state are gathered: only rank 0 writes the file). On an
+        exception or signal path no rank waits for another: a preemption's save writes the state the
+        ranks captured together where they acted on the signal (`HeldPreemption`)."""
+        trainer = self._trainer
+        if trainer is None or self._owner is None:
+            # Nothing trained yet in this process: keep a restored state that was not applied.
+            return Envelope(self._pending).to_dict() if self._pending is not None else {}
+        batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
+        if self._captured is not None and self._captured[0] == (trainer.current_epoch, batches):
+            return self._captured[1]
+        return self._envelope(trainer, batches, not saving_off_the_training_path(trainer))
+
+    def _envelope(self, trainer: pl.Trainer, batches: int, collective: bool) -> dict[str, Any]:
+        assert self._owner is not None
+        return envelope_at(self._owner, trainer, self.shuffle_seed(trainer), batches, collective, self.verify)
+
+    def _capture(self, trainer: pl.Trainer) -> None:
+        """Every rank's complete data state, taken where all ranks act on a preemption together (collective)."""
+        batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
+        self._captured = ((trainer.current_epoch, batches), self._envelope(trainer, batches, True))
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        validation_resumes_from_its_start(trainer, checkpoint)
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the checkpoint's data state for the train loader about to be built; only when fitting.
+
+        Lightning restores callbacks for every checkpoint load: ``validate``, ``test`` and ``predict``
+        from a checkpoint read no train stream, so their loads leave the callback as it is.
+        """
+        if not state_dict or (self._trainer is not None and self._trainer.state.fn != TrainerFn.FITTING):
+            return
+        envelope = parse(state_dict)
+        if envelope.state is None:
+            raise MissingStateError(f"the checkpoint holds no resumable data state: {envelope.reason}")
+        refuse_partial_accumulation(envelope.partial_accumulation)
+        if self._owner is not None:
+            self._discard_early_loader()
+        self._pending = envelope.state
+
+    def _discard_early_loader(self) -> None:
+        """A strategy that restores after ``setup`` (FSDP, ``ModelParallelStrategy``, DeepSpeed) may have built
+        the train loader and its iterator before (``estimated_stepping_batches`` in ``configure_optimizers``):
+        nothing trained from it, so it is retired and Lightning builds it again for the restored state."""
+        if self._started or self._trainer is None:
+            raise LateRestoreError(
+                "the data state was restored after training from the train loader started; the stream cannot be"
+                " repositioned exactly. Restore the checkpoint with trainer.fit(..., ckpt_path=...)"
+            )
+        owner, self._owner = self._owner, None
+        assert owner is not None
+        owner.retire_workers()
+        rebuild_train_loader(self._trainer)
+
+    @override
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:
+            return  # validate/test/predict from a checkpoint read no train stream
+        refuse_missing_state(checkpoint, self.state_key)
+
+    # ------------------------------------------------------------------------------ training
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._owner is None:
+            raise MissingCallbackError(
+                "ResumableDataCallback found no resumable train loader: make the datamodule a"
+                " ResumableDataModule (class MyData(ResumableDataModule, L.LightningDataModule))"
+            )
+        self._started = True
+        first = self._owner.start(trainer, batches_processed(trainer))  # refuses another place; verifies
+        self._batches.first = (trainer.current_epoch, first)
+        self._preemption.hold(trainer)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._owner is not None:
+            self._owner.check_first_batch()  # a stream's resumed batch, before it trains
+        batch_idx = self._batches.at_batch_start(trainer.current_epoch, batch_idx)
+        if self.seed_steps and self._seed is not None:
+            seed_training_step(self._seed, trainer.current_epoch, batch_idx)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.audit_dir is not None and self._owner is not None:
+            if self._audit is None:
+                self._audit = AuditLog(self.audit_dir, trainer.global_rank)
+            epoch_batch_idx = self._batches.of(trainer.current_epoch, batch_idx)
+            self._audit.write(trainer.current_epoch, epoch_batch_idx, self._owner.trained_ids(batch, epoch_batch_idx))
+        if self._owner is not None:  # every rank is here, at the same batch
+            batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
+            boundary = partial_accumulation(trainer, batches, batches >= trainer.num_training_batches) is None
+            self._preemption.act(trainer, boundary, lambda: self._capture(trainer))
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._owner is not None and self._owner.rebuild_at_epoch_end(trainer.current_epoch):
+            rebuild_train_loader(trainer)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._end_of_training(trainer)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._end_of_training(trainer)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._end_of_training(trainer)
+        if self._audit is not None:
+            self._audit.close()
+            self._audit = None
+
+    def _end_of_training(self, trainer: pl.Trainer) -> None:
+        """The signals go back to Lightning, and the train loaders' workers end with the training."""
+        self._preemption.release(trainer)
+        if self._owner is not None:
+            self._owner.retire_workers()
+
+
+def refuse_missing_state(checkpoint: dict[str, Any], state_key: str) -> None:
+    """Refuse to fit from a checkpoint without the data state, or with one emptied after train batches."""
+    callbacks = checkpoint.get("callbacks", {})
+    if state_key not in callbacks:
+        raise MissingStateError(
+            "the checkpoint holds no data state: it was written without ResumableDataCallback, so the"
+            " position of the train stream is unknown. Resume from a checkpoint written with the callback"
+        )
+    fetched, slot = batches_fetched_before(checkpoint), callbacks[state_key]
+    if fetched and holds_no_state(slot):
+        # Lightning hands no falsy state to load_state_dict: the data would restart at batch 0.
+        raise MissingStateError(
+            f"the checkpoint's data state is {'partial' if isinstance(slot, Mapping) and slot else 'empty'}"
+            f" ({slot!r:.80}), but it was written after {fetched} train batches: the position of the"
+            " train stream is unknown. The checkpoint was altered, or written by other code; resume from"
+            " one the callback wrote"
+        )
+
+
+def envelope_at(
+    owner: AnyOwner, trainer: pl.Trainer, seed: int, batches: int, collective: bool, verify: bool
+) -> dict[str, Any]:
+    """The envelope of ``owner``'s state after ``batches`` batches of the trainer's epoch."""
+    complete = batches >= trainer.num_training_batches
+    at = SavePoint(
+        seed=seed,
+        epoch=trainer.current_epoch,
+        batches=batches,
+        complete=complete,
+        next_epoch=complete and resumes_in_next_epoch(trainer),
+        rank=trainer.global_rank,
+        world_size=trainer.world_size,
+        collective=collective,
+        verify=verify,
+    )
+    return owner.envelope(at, lambda ran_to_end: partial_accumulation(trainer, batches, ran_to_end)).to_dict()

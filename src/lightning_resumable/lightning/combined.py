@@ -1,0 +1,90 @@
+"""Several train loaders: a list, a dict or a ``CombinedLoader``, each loader resumed under its own key.
+
+Promise: each loader's state is stored under its key (a dict's key, a list's index), never matched by
+position in a flat list; each has a seed of its own, derived from the run's seed and its key; and the
+place of each loader in the epoch follows from the trainer's count of batches and the mode, including
+how many times ``max_size_cycle`` has restarted a shorter loader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from lightning.pytorch.utilities import CombinedLoader
+
+from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.format._keys import loader_seed
+from lightning_resumable.internals._lightning import combined_loader_mode
+
+__all__ = ["MODES", "TrainLoaders", "key_seed", "loader_position", "split_train_loaders"]
+
+MODES = ("max_size_cycle", "max_size", "min_size")
+"""The ``CombinedLoader`` modes Lightning trains with (``sequential`` is refused by Lightning itself)."""
+
+TrainLoaders = tuple[dict[str, Any], str, Callable[[dict[str, Any]], Any]]
+"""The loaders by key, the mode, and a function that puts rebuilt loaders back in the user's container."""
+
+
+def key_seed(seed: int, key: str) -> int:
+    """The seed of the loader under ``key``: a pure function of the run's seed and the key (below 2**63)."""
+    digest = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    return loader_seed(seed, digest)
+
+
+def loader_position(mode: str, batches: int, length: int) -> tuple[int, int]:
+    """``(cycle, batches into the cycle)`` of a loader of ``length`` batches after the trainer's ``batches``.
+
+    ``max_size_cycle`` restarts a shorter loader whenever it runs out; ``max_size`` leaves it exhausted
+    (it then yields ``None``); ``min_size`` ends the epoch with the shortest loader.
+    """
+    if mode == "max_size_cycle" and length > 0:
+        return divmod(batches, length)
+    return 0, min(batches, length)
+
+
+def split_train_loaders(train_loaders: object) -> TrainLoaders | None:
+    """The loaders of a list, tuple, dict or ``CombinedLoader`` by key; ``None`` for a single loader.
+
+    Raises:
+        UnsupportedLoaderError: a nested collection, a ``sequential`` CombinedLoader, or no loader at all.
+    """
+    mode = "max_size_cycle"  # what Lightning wraps a bare list or dict in
+    wrap_combined = False
+    if isinstance(train_loaders, CombinedLoader):
+        mode, wrap_combined = combined_loader_mode(train_loaders), True
+        train_loaders = train_loaders.iterables
+    if mode not in MODES:
+        raise UnsupportedLoaderError(f"a CombinedLoader in {mode!r} mode cannot train; use one of {MODES}")
+    if isinstance(train_loaders, Mapping):
+        loaders = {str(key): loader for key, loader in train_loaders.items()}
+        keys = list(train_loaders)
+        if len(set(loaders)) != len(keys):
+            raise UnsupportedLoaderError(f"the train loaders' keys {keys!r} are not distinct as strings")
+
+        def container(rebuilt: dict[str, Any]) -> Any:
+            return {key: rebuilt[str(key)] for key in keys}
+    elif isinstance(train_loaders, Sequence) and not isinstance(train_loaders, (str, bytes)):
+        loaders = {str(index): loader for index, loader in enumerate(train_loaders)}
+        sequence_type = type(train_loaders) if isinstance(train_loaders, (list, tuple)) else list
+
+        def container(rebuilt: dict[str, Any]) -> Any:
+            return sequence_type(rebuilt[str(index)] for index in range(len(rebuilt)))
+    else:
+        if wrap_combined:
+            raise UnsupportedLoaderError(f"a CombinedLoader over a {type(train_loaders).__name__} is not supported")
+        return None
+    if not loaders:
+        raise UnsupportedLoaderError("train_dataloader() returned no loader")
+    for key, loader in loaders.items():
+        if isinstance(loader, (Mapping, CombinedLoader)) or (
+            isinstance(loader, Sequence) and not hasattr(loader, "dataset")
+        ):
+            raise UnsupportedLoaderError(f"the train loader under {key!r} is a nested collection; flatten it")
+
+    def rebuild(rebuilt: dict[str, Any]) -> Any:
+        inner = container(rebuilt)
+        return CombinedLoader(inner, mode) if wrap_combined else inner  # type: ignore[arg-type]  # one of MODES
+
+    return loaders, mode, rebuild

@@ -1,0 +1,93 @@
+"""Where the trained data stands in Lightning's loop: the epoch's batch index as the data counts it,
+where a checkpoint is written (`SavePoint`), and whether a save falls inside a gradient accumulation
+window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lightning_resumable.errors import PartialAccumulationError
+from lightning_resumable.format.envelope import PartialAccumulation
+
+__all__ = ["BatchCount", "SavePoint", "partial_accumulation", "refuse_partial_accumulation"]
+
+
+@dataclass(frozen=True)
+class SavePoint:
+    """Where a checkpoint is being written, as the callback counts it.
+
+    ``collective``: every rank saves in step (a ``ModelCheckpoint``), so they may exchange their
+    parts; ``False`` on an exception or signal path, where no rank may wait for another.
+    ``complete``: the epoch's batches are all trained; ``next_epoch``: and Lightning's loop resumes
+    in the next epoch (else it first ends this one, and the state says this epoch, complete).
+    """
+
+    seed: int
+    epoch: int
+    batches: int
+    complete: bool
+    next_epoch: bool
+    rank: int
+    world_size: int
+    collective: bool
+    verify: bool
+
+
+class BatchCount:
+    """The epoch's batch index as the data counts it: Lightning's ``batch_idx``, checked at the first
+    resumed batch against where the data resumes, and corrected from then on where they disagree.
+
+    Lightning 2.6 can number a resumed epoch's batches from 0 (a resume from a checkpoint written
+    after an earlier resume from an epoch's end) or from where the previous epoch ended (a stream
+    resumed after its last batch).
+    """
+
+    def __init__(self) -> None:
+        self.first: tuple[int, int] | None = None  # (epoch, index of the first batch the data trains)
+        self.offset: tuple[int, int] | None = None  # (epoch, data's index minus Lightning's)
+
+    def at_batch_start(self, epoch: int, batch_idx: int) -> int:
+        if self.first is not None:
+            (first_epoch, expected), self.first = self.first, None
+            if first_epoch == epoch and expected != batch_idx:
+                rank_zero_warn(
+                    f"lightning_resumable: the data resumes at batch {expected} of epoch {epoch}, but Lightning"
+                    f" numbers that batch {batch_idx}; its loop progress in the checkpoint is inconsistent (as after"
+                    " a chain of resumes through an epoch's end). The data, the step seeds, the audit log and the"
+                    " next checkpoints count the epoch's batches from the data"
+                )
+                self.offset = (epoch, expected - batch_idx)
+        return self.of(epoch, batch_idx)
+
+    def of(self, epoch: int, batch_idx: int) -> int:
+        """Lightning's ``batch_idx`` (or batch count) of ``epoch``, corrected where it disagreed with the data."""
+        if self.offset is not None and self.offset[0] == epoch:
+            return batch_idx + self.offset[1]
+        return batch_idx
+
+
+def partial_accumulation(trainer: pl.Trainer, batches: int, complete: bool) -> PartialAccumulation | None:
+    """The mark of a save inside a gradient accumulation window, or ``None``.
+
+    Lightning steps the optimizer after every ``accumulate_grad_batches``-th batch of an epoch and
+    after its last one; batches since the last step live only in the gradients, which no checkpoint
+    holds, so a resume from here cannot be exact.
+    """
+    window = int(trainer.accumulate_grad_batches)
+    accumulated = 0 if complete else batches % window
+    return PartialAccumulation(accumulated, window, batches) if accumulated else None
+
+
+def refuse_partial_accumulation(partial: PartialAccumulation | None) -> None:
+    if partial is None:
+        return
+    raise PartialAccumulationError(
+        f"the checkpoint was saved after batch {partial.batches} of its epoch, inside a gradient accumulation"
+        f" window: {partial.accumulated} of accumulate_grad_batches={partial.window} batches had been"
+        " accumulated without an optimizer step. Lightning does not save accumulated gradients, so the resumed"
+        " run would step without them and its losses would differ from an uninterrupted run's. Resume from a"
+        " checkpoint saved at an accumulation boundary (ModelCheckpoint(every_n_train_steps=...) saves there)"
+    )

@@ -1,0 +1,81 @@
+"""The train input ``train_dataloader()`` returned, made resumable: its loaders rebuilt, and the owner
+of their position, picked here once from what was built (one map-style loader, several, a stream).
+
+Promise: `build_train_input` returns the owner with the loaders it owns and what the trainer iterates
+(the loader, or the user's list, dict or ``CombinedLoader`` rebuilt around them); nothing downstream
+tells the kinds apart again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_resumable.core.batches import ResumableBatchSampler
+from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.lightning.combined import key_seed, split_train_loaders
+from lightning_resumable.lightning.owners import AnyOwner, LoaderOwner, LoadersOwner, StreamOwner
+from lightning_resumable.readers.build import build_resumable
+
+__all__ = ["build_train_input"]
+
+
+def build_train_input(
+    returned: object,
+    trainer: pl.Trainer,
+    seed: int,
+    *,
+    seed_samples: bool,
+    seed_steps: bool,
+    allow_inexact_streams: bool,
+) -> tuple[AnyOwner, object]:
+    """The owner of ``returned``'s position, and what the trainer iterates instead of ``returned``.
+
+    ``seed``: the run's shuffle seed (each of several loaders gets one of its own, from it and its key);
+    the options are the callback's.
+
+    Raises:
+        UnsupportedLoaderError: a loader cannot be made exactly resumable; the message says why.
+    """
+
+    def built(each: object, each_seed: int) -> Any:
+        return build_resumable(
+            each,
+            seed=each_seed,
+            num_replicas=trainer.world_size,
+            rank=trainer.global_rank,
+            seed_samples=seed_samples,
+            # Lightning fetches each batch before on_train_batch_start, where a reseeding callback
+            # sets the step's stream anyway: putting the generators back would be wasted work.
+            restore_globals=not seed_steps,
+            epoch_source=lambda: trainer.current_epoch,
+            allow_inexact_streams=allow_inexact_streams,
+        )
+
+    several = split_train_loaders(returned)
+    if several is None:
+        one = built(returned, seed)
+        if one.stream is not None:
+            return StreamOwner(one.stream, trainer.global_rank, trainer.world_size), one.loader
+        return LoaderOwner(one.loader), one.loader
+    loaders, mode, rebuild = several
+    for key, each in loaders.items():
+        _refuse_among_several(key, each)
+    rebuilt = {key: built(each, key_seed(seed, key)).loader for key, each in loaders.items()}
+    return LoadersOwner(rebuilt, mode, seed), rebuild(rebuilt)
+
+
+def _refuse_among_several(key: str, loader: object) -> None:
+    """What several train loaders cannot hold yet: a stream, or a batch sampler (whose epochs may differ in length)."""
+    if isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset):
+        raise UnsupportedLoaderError(
+            f"the train loader {key!r} reads a stream (an IterableDataset); a stream is supported as the only train"
+            " loader, not among several"
+        )
+    if isinstance(loader, DataLoader) and isinstance(loader.batch_sampler, ResumableBatchSampler):
+        raise UnsupportedLoaderError(
+            f"the train loader {key!r} has a ResumableBatchSampler; it is supported as the only train loader, not"
+            " among several"
+        )

@@ -1,0 +1,143 @@
+"""The data libraries users already have: how each is recognised, what it keeps as its own position,
+and what this release does with it.
+
+Promise: an object of LitData or MosaicML Streaming anywhere in a train loader (the loader, its
+dataset, sampler, or what they wrap) is refused with `UnsupportedLoaderError` naming the library and
+the way that works today, before anything calls its ``state_dict``, unless it is the library's loader
+(or a torch loader) over its dataset, which `lightning_resumable.readers.build` hands to the library's
+reader; so is any other object whose ``state_dict`` takes required arguments (those libraries' take
+their loader's counts), never with the ``TypeError`` that calling it would raise. A library is
+recognised by the package its class comes from: none is imported here.
+
+The keys each library keeps as the bookkeeping of its own global position are declared here, in
+`Library.position_keys`: the contract check (`lightning_resumable.readers.contract`) accepts them in a
+chain that holds that library's object, where it would refuse a derived quantity of the same name
+(LitData records ``num_workers`` and ``world_size`` to resume elastically).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_resumable.errors import UnsupportedLoaderError
+
+__all__ = [
+    "LIBRARIES",
+    "Library",
+    "is_of",
+    "library_of",
+    "refuse_unsupported",
+    "required_state_dict_arguments",
+    "set_mosaic_environment",
+]
+
+
+@dataclass(frozen=True)
+class Library:
+    """A data library: its name, the package its classes come from, the keys of its own position."""
+
+    name: str
+    package: str
+    position_keys: frozenset[str]
+
+
+LIBRARIES = (
+    Library(
+        "LitData",
+        "litdata",
+        frozenset({"num_samples_yielded", "num_workers", "batch_size", "world_size", "sample_in_epoch"}),
+    ),
+    Library(
+        "MosaicML Streaming",
+        "streaming",
+        frozenset({"epoch", "sample_in_epoch", "num_canonical_nodes", "initial_physical_nodes"}),
+    ),
+)
+
+_TODAY = {
+    "LitData": (
+        "Its StreamingDataset keeps its position in its own StreamingDataLoader, whose state_dict hands the"
+        " dataset the loader's counts: return LitData's StreamingDataLoader (or a torch DataLoader) over a"
+        " StreamingDataset, or a CombinedStreamingDataset of them, which this library resumes exactly"
+        " (ParallelStreamingDataset is not resumed yet)"
+    ),
+    "MosaicML Streaming": (
+        "Its StreamingDataset keeps its position in its own StreamingDataLoader, whose state_dict hands the"
+        " dataset the loader's counts: return Mosaic's StreamingDataLoader (or a torch DataLoader) over a"
+        " StreamingDataset itself, which this library resumes exactly"
+    ),
+}
+
+
+def library_of(node: object) -> Library | None:
+    """The library ``node``'s class comes from, if it is one of `LIBRARIES`."""
+    package = type(node).__module__.partition(".")[0]
+    return next((library for library in LIBRARIES if library.package == package), None)
+
+
+def is_of(node: object, package: str, name: str) -> bool:
+    """Whether ``node`` is of class ``name`` (``StreamingDataLoader``, ``StreamingDataset``) from ``package``
+    (``litdata``, ``streaming``), or of a subclass of it."""
+    return any(cls.__name__ == name and cls.__module__.partition(".")[0] == package for cls in type(node).__mro__)
+
+
+def set_mosaic_environment(trainer: Any) -> None:
+    """Set the environment MosaicML Streaming reads its world from (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``) to ``trainer``'s (a ``lightning.Trainer``).
+
+    Lightning's own launcher sets only some of them, and a ``StreamingDataset`` built without them
+    reads rank 0's samples on every rank. Call it in the DataModule's ``setup()``, before the dataset is
+    built; ``torchrun`` sets them already (calling it then changes nothing).
+    """
+    os.environ.update(
+        RANK=str(trainer.global_rank),
+        WORLD_SIZE=str(trainer.world_size),
+        LOCAL_RANK=str(trainer.local_rank),
+        LOCAL_WORLD_SIZE=str(trainer.num_devices),
+        NODE_RANK=str(trainer.node_rank),
+    )
+
+
+def required_state_dict_arguments(node: object) -> list[str]:
+    """The names of the arguments ``node.state_dict`` requires (``[]``: it takes none, or has none)."""
+    state_dict = getattr(node, "state_dict", None)
+    if not callable(state_dict):
+        return []
+    try:
+        parameters = inspect.signature(state_dict).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: called as the protocol says
+        return []
+    return [
+        parameter.name
+        for parameter in parameters
+        if parameter.default is inspect.Parameter.empty
+        and parameter.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+
+
+def refuse_unsupported(chain: list[tuple[str, object]]) -> None:
+    """Refuse a loader's chain (`lightning_resumable.readers.contract.pipeline`) that holds an object of a
+    library this release does not resume, or whose ``state_dict`` takes required arguments.
+
+    Raises:
+        UnsupportedLoaderError: naming the object, its path, the library and the way that works.
+    """
+    for path, node in chain:
+        library = library_of(node)
+        if library is not None:  # LitData's own loader is routed to its owner before this walk
+            raise UnsupportedLoaderError(
+                f"the train loader holds {library.name}'s {type(node).__qualname__} at {path}. " + _TODAY[library.name]
+            )
+        required = required_state_dict_arguments(node)
+        if required:
+            package = type(node).__module__.partition(".")[0]
+            raise UnsupportedLoaderError(
+                f"{type(node).__qualname__} at {path} (from {package}) has a state_dict that takes required"
+                f" arguments {required}: its state is kept by a loader of its own, which hands it those, so"
+                " neither Lightning nor this library can save it. Give the dataset state_dict() without"
+                " arguments and load_state_dict(state) (torchdata's Stateful protocol), or resume it with"
+                " its library's own loader under plain Lightning"
+            )

@@ -1,0 +1,124 @@
+"""LitData (``litdata``): the one module that imports it, imported only when a train loader holds LitData.
+
+Promise: `make_litdata_resumable` turns the user's LitData ``StreamingDataLoader`` over a
+``StreamingDataset`` into a `LitDataLoader`, every setting kept, which a `StreamOwner` owns:
+
+- its state is LitData's own (``StreamingDataLoader.state_dict``: the samples each rank has read,
+  the worker whose batch comes next, the epoch), recorded before each batch, so that the state at the
+  trainer's count of completed batches is known after Lightning has read one batch ahead; Lightning
+  does not see it (it would save the look-ahead's state, and LitData's loader then replayed the
+  interrupted epoch's tail as the next epoch);
+- each sample is read under a seed keyed by the run's seed, the epoch and the sample's index in the
+  dataset, so augmentations drawn from the global generators are the same after a resume;
+- LitData's epoch is the trainer's (LitData counts from 1: ``current_epoch`` is the trainer's + 1).
+
+Private LitData API and behaviour, tested against the version CI installs
+(``tests/test_litdata_internals.py``, ``tests/e2e/test_litdata.py``): ``ChunkedIndex.index`` (the
+sample's index, which ``StreamingDataset.__next__`` hands to ``__getitem__``);
+``StreamingDataLoader.restore`` (set by ``load_state_dict``: the next pass continues the loaded
+state); and ``StreamingDataset.state_dict`` overwriting a loaded state not yet applied with its own.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from litdata import CombinedStreamingDataset, StreamingDataLoader, StreamingDataset
+from litdata.streaming.sampler import ChunkedIndex
+
+from lightning_resumable.core import randomness
+from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.readers.recording import PassRecord, RecordedLoader
+from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, refuse_persistent_workers
+from lightning_resumable.readers.workers import ForkingEachPass, leave_sigterm_to_rank, warn_once_on_affected_python
+
+__all__ = ["LitDataLoader", "make_litdata_resumable"]
+
+
+def _epoch_of(dataset: StreamingDataset) -> int:
+    return int(dataset.current_epoch)
+
+
+def _index_of(key: Any) -> int:
+    return int(key.index) if isinstance(key, ChunkedIndex) else int(key)
+
+
+class LitDataLoader(ForkingEachPass, RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  # litdata is untyped
+    """LitData's ``StreamingDataLoader``, whose state the callback takes at the trainer's count of batches."""
+
+    reader = "litdata"
+    state_dict = None  # hidden from Lightning: use state_after and resume_from
+    load_state_dict = None
+
+    def __init__(self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch_source = epoch_source
+        self.record = PassRecord("LitData's loader", self._state)
+        self.inexact = False
+        self._next_epoch: int | None = None  # the epoch of the next pass, when not the trainer's (yet)
+
+    def __iter__(self) -> Iterator[Any]:
+        # The pass continues a restored state only right after `resume_from`. LitData clears its
+        # ``restore`` flag only when a pass runs out, and Lightning stops a sized loader's pass at its
+        # length without exhausting it: LitData then replayed the interrupted epoch's tail.
+        self.restore = self.record.resuming
+        if not self.restore:  # LitData adds 1 at each fresh pass: its epochs count from 1
+            self.current_epoch = self.epoch_source() if self._next_epoch is None else self._next_epoch
+        self._next_epoch = None
+        warn_once_on_affected_python(self)
+        leave_sigterm_to_rank(self)
+        # Without workers the samples (and their seeds) are read in this process, in next().
+        return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0)
+
+    def _state(self) -> dict[str, Any]:
+        return copy.deepcopy(StreamingDataLoader.state_dict(self))
+
+    def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
+        """Continue the next pass from LitData's ``state``, ``batches`` batches into the epoch."""
+        StreamingDataLoader.load_state_dict(self, copy.deepcopy(dict(state)))
+        # Kept as restored: LitData's state_dict() would overwrite the pending one with its own.
+        self.record.resume(batches, copy.deepcopy(dict(state)), next_batch)
+
+    def start_epoch(self, epoch: int) -> None:
+        """Make the next pass a fresh one of ``epoch`` (a resume after an epoch's last batch)."""
+        self.restore, self._next_epoch = False, epoch
+
+
+def make_litdata_resumable(loader: Any, *, seed: int, epoch_source: Callable[[], int]) -> LitDataLoader:
+    """``loader`` (LitData's ``StreamingDataLoader``, or a torch ``DataLoader`` or ``StatefulDataLoader``,
+    over a ``StreamingDataset`` or a ``CombinedStreamingDataset`` of them) as a `LitDataLoader`: a torch
+    loader cannot hand LitData's dataset the counts its ``state_dict`` needs; LitData's loader can.
+
+    Raises:
+        UnsupportedLoaderError: the dataset is a ``ParallelStreamingDataset`` (or another), or a
+            ``CombinedStreamingDataset`` read by workers; the loader has persistent workers; or a torch
+            loader drops its last batch (LitData's ``drop_last`` is the dataset's: pass it there).
+    """
+    dataset = loader.dataset
+    own = isinstance(loader, StreamingDataLoader)
+    if not own and loader.drop_last:
+        raise UnsupportedLoaderError(
+            "a torch DataLoader(drop_last=True) over LitData's StreamingDataset: LitData's loader, which this"
+            " library reads it through, has no such option; pass drop_last to the StreamingDataset instead"
+        )
+    combined = isinstance(dataset, CombinedStreamingDataset)
+    datasets = list(dataset._datasets) if combined else [dataset]  # a combined dataset's own: private
+    if not all(isinstance(each, StreamingDataset) for each in datasets):
+        raise UnsupportedLoaderError(
+            f"LitData's StreamingDataLoader over a {type(dataset).__name__} is not resumed yet; over a"
+            " StreamingDataset, or a CombinedStreamingDataset of them, it is"
+        )
+    if combined and loader.num_workers > 0:
+        raise UnsupportedLoaderError(
+            "LitData's CombinedStreamingDataset with num_workers > 0: LitData's state sums each dataset's count"
+            " over the workers, and its resume then reads other samples (seen: a sample trained twice and"
+            " another never, 2 workers). It resumes exactly with num_workers=0"
+        )
+    refuse_persistent_workers(loader, "LitData's loader")
+    for stream, each in enumerate(datasets):  # a combined dataset's samples share their indices
+        randomness.seed_each_sample(each, seed, _epoch_of, _index_of, stream)
+    collate_fn = loader.collate_fn.collate_fn if own else loader.collate_fn  # LitData's wraps the user's
+    settings = forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn)
+    return LitDataLoader(dataset, epoch_source=epoch_source, **settings)

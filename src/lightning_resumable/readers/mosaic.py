@@ -1,0 +1,169 @@
+"""MosaicML Streaming (``streaming``): the one module that imports it, imported only when a train loader holds it.
+
+Promise: `make_mosaic_resumable` turns the user's Mosaic ``StreamingDataLoader`` (or torch
+``DataLoader``) over a ``StreamingDataset`` into a `MosaicLoader`, every setting kept, which a
+`StreamOwner` owns:
+
+- its state is Mosaic's own (as ``StreamingDataset.state_dict`` makes it: the epoch, the samples all
+  ranks have consumed in it, the shuffle's seed and canonical nodes), computed from the trainer's
+  count of completed batches, not from what the loader has read (Lightning reads one batch ahead),
+  and handed to the dataset (``load_state_dict``) before each pass's workers start;
+- Mosaic's epoch is the trainer's: Mosaic counts its passes in memory shared by the node's processes,
+  and a pass Lightning starts again would be counted as the next epoch;
+- each sample is read under a seed keyed by the run's seed, the epoch and the sample's index in the
+  dataset, so augmentations drawn from the global generators are the same after a resume.
+
+Mosaic reads its world from the environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``) when the
+dataset is built. Lightning's own launcher sets none of them but ``WORLD_SIZE``, so every rank would
+read rank 0's samples: the world the dataset saw is compared with the trainer's and a difference is
+refused (`set_mosaic_environment` sets them; ``torchrun`` does too).
+
+Private Mosaic API and behaviour, tested against the version CI installs
+(``tests/test_mosaic_internals.py``, ``tests/e2e/test_mosaic.py``): ``StreamingDataset._unique_rank_world``
+(the world the dataset saw); the defaults its first pass settles (`order_of`); and a pass reading its
+epoch and position from what ``load_state_dict`` and ``next_epoch`` put in shared memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from streaming import StreamingDataLoader, StreamingDataset
+
+from lightning_resumable.core import randomness
+from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoaderError
+from lightning_resumable.readers.recording import PassRecord, RecordedLoader
+from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, refuse_persistent_workers
+from lightning_resumable.readers.workers import ForkingEachPass, leave_sigterm_to_rank, warn_once_on_affected_python
+
+__all__ = ["MosaicLoader", "make_mosaic_resumable"]
+
+_EPOCH = "_lightning_resumable_epoch"
+"""The dataset's attribute holding the pass's epoch, set before its workers copy it."""
+
+
+def _epoch_of(dataset: StreamingDataset) -> int:
+    return int(getattr(dataset, _EPOCH, 0))
+
+
+class MosaicLoader(ForkingEachPass, RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  # streaming is untyped
+    """Mosaic's ``StreamingDataLoader``, whose state the callback computes at the trainer's count of batches."""
+
+    reader = "mosaic"
+    resumable_global_position = True  # one global count, the same on every rank, on any layout
+    state_dict = None  # hidden from Lightning: use state_after and resume_from
+    load_state_dict = None
+
+    def __init__(
+        self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, world_size: int = 1, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch_source, self.world_size = epoch_source, world_size
+        self.record = PassRecord("Mosaic's loader", state=None)
+        self.inexact = False
+        self.epoch = 0
+        self._next_epoch: int | None = None  # the epoch of the next pass, when not the trainer's (yet)
+        self._resume: dict[str, Any] | None = None  # Mosaic's state the next pass continues
+        self._order = order_of(self.dataset)  # Mosaic's state but the position: a resume takes the saved one
+
+    def __iter__(self) -> Iterator[Any]:
+        dataset = self.dataset
+        self.epoch = self.epoch_source() if self._next_epoch is None else self._next_epoch
+        self._next_epoch = None
+        resume, self._resume = self._resume, None
+        setattr(dataset, _EPOCH, self.epoch)  # before the workers copy the dataset
+        # Mosaic's pass reads its epoch and position from the node's shared memory: both are set
+        # here, for every pass, as the same values on every rank.
+        state = resume or {**self._order, "epoch": self.epoch, "sample_in_epoch": 0}
+        dataset.next_epoch = self.epoch
+        StreamingDataset.load_state_dict(dataset, state)
+        warn_once_on_affected_python(self)
+        leave_sigterm_to_rank(self)
+        # Without workers the samples (and their seeds) are read in this process, in next().
+        return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0)
+
+    def state_after(self, batches: int) -> dict[str, Any]:
+        """Mosaic's state after ``batches`` batches of the current epoch on every rank: the same on all."""
+        if self._resume is not None:  # restored, and not iterated yet
+            return dict(self._resume)
+        return {**self._order, "epoch": self.epoch, "sample_in_epoch": batches * int(self.batch_size) * self.world_size}
+
+    def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
+        """Continue the next pass from Mosaic's ``state``, ``batches`` batches into the epoch.
+
+        Raises:
+            IncompatibleStateError: the global batch (the loader's batch size times the world size) is
+                not the one that consumed the state's samples in ``batches`` batches.
+        """
+        consumed, global_batch = int(state["sample_in_epoch"]), int(self.batch_size) * self.world_size
+        if consumed != batches * global_batch:
+            raise IncompatibleStateError(
+                f"MosaicML Streaming's state has consumed {consumed} samples of epoch {state['epoch']} in"
+                f" {batches} batches, but this run's global batch is {global_batch} ({self.world_size} processes"
+                f" x batch_size={self.batch_size}): Mosaic resumes on another world size at the same global"
+                f" batch only. Use batch_size={consumed // max(batches, 1) // self.world_size} per process"
+            )
+        self._resume = dict(state)
+        self._order = {key: state[key] for key in self._order}
+        self._next_epoch = int(state["epoch"])
+        self.record.resume(batches, next_batch=next_batch)
+
+    def start_epoch(self, epoch: int) -> None:
+        """Make the next pass a fresh one of ``epoch`` (a resume after an epoch's last batch)."""
+        self._next_epoch = epoch
+
+
+def seen_world(dataset: StreamingDataset) -> tuple[int, int, int]:
+    """(rank, ranks, nodes) that Mosaic read from the environment when ``dataset`` was built."""
+    world = dataset._unique_rank_world
+    return int(world.rank), int(world.num_ranks), int(world.num_nodes)
+
+
+def order_of(dataset: StreamingDataset) -> dict[str, Any]:
+    """The parts of Mosaic's state that fix its order, as its first pass settles them (``_resume``):
+    computed here, not read from the node's shared memory, which another rank may be writing."""
+    nodes = seen_world(dataset)[2]
+    canonical = dataset.num_canonical_nodes or (64 * nodes if dataset.shuffle_algo in ("py1s", "py2s") else nodes)
+    return {
+        "num_canonical_nodes": int(canonical),
+        "shuffle_seed": int(dataset.shuffle_seed),
+        "initial_physical_nodes": int(dataset.initial_physical_nodes or nodes),
+    }
+
+
+def make_mosaic_resumable(
+    loader: Any, *, seed: int, epoch_source: Callable[[], int], rank: int, world_size: int
+) -> MosaicLoader:
+    """``loader`` (Mosaic's ``StreamingDataLoader``, or a torch ``DataLoader`` or ``StatefulDataLoader``,
+    over a ``StreamingDataset``) as a `MosaicLoader` on ``rank`` of ``world_size``.
+
+    Raises:
+        UnsupportedLoaderError: the dataset is not a ``StreamingDataset``; it saw another world than the
+            trainer's; its ``batch_size`` is not the loader's; or the loader has persistent workers.
+    """
+    dataset = loader.dataset
+    if not isinstance(dataset, StreamingDataset):
+        raise UnsupportedLoaderError(
+            f"MosaicML Streaming's StreamingDataLoader over a {type(dataset).__name__} is not resumed; over a"
+            " StreamingDataset it is"
+        )
+    seen = seen_world(dataset)
+    if seen[:2] != (rank, world_size):
+        raise UnsupportedLoaderError(
+            f"MosaicML Streaming's StreamingDataset was built as rank {seen[0]} of {seen[1]} (it reads RANK,"
+            f" WORLD_SIZE and LOCAL_WORLD_SIZE from the environment), and this is rank {rank} of {world_size}:"
+            " every rank would read another rank's samples. Lightning's launcher does not set RANK nor"
+            " LOCAL_WORLD_SIZE: call lightning_resumable.set_mosaic_environment(self.trainer) in the"
+            " DataModule's setup() before building the dataset, or launch with torchrun"
+        )
+    if dataset.batch_size != loader.batch_size:
+        raise UnsupportedLoaderError(
+            f"MosaicML Streaming's StreamingDataset(batch_size={dataset.batch_size}) under a loader of"
+            f" batch_size={loader.batch_size}: Mosaic partitions each epoch by the dataset's batch size, so"
+            f" a resume is exact only when both are the same; pass batch_size={loader.batch_size} to the dataset"
+        )
+    refuse_persistent_workers(loader, "MosaicML Streaming's loader")
+    randomness.seed_each_sample(dataset, seed, _epoch_of, int)
+    settings = forwarded_settings(loader, (*DATA_LIBRARY_SETTINGS, "drop_last"))
+    return MosaicLoader(dataset, epoch_source=epoch_source, world_size=world_size, **settings)

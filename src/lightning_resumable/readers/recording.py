@@ -1,0 +1,179 @@
+"""What a stream's loader read in its current pass: the state before each of its last few batches, and
+those batches, counted from the start of the epoch.
+
+Promise: the state and the next batch's digest at the trainer's count of completed batches are known
+after Lightning has read one batch ahead; the first batch after a restore is compared with the
+digest the checkpoint recorded. One `PassRecord` per loader, shared by every reader of a stream
+(`lightning_resumable.readers.streams.StreamLoader`, LitData's and MosaicML Streaming's loaders).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from lightning_resumable.core import randomness
+from lightning_resumable.core.verification import digest_of
+from lightning_resumable.errors import StreamPositionError
+
+__all__ = ["PassRecord", "RecordedLoader"]
+
+_KEPT = 3
+"""Batches (and states) kept: Lightning reads at most one batch ahead."""
+
+
+class PassRecord:
+    """The current pass of one loader: its states and batches by index in the epoch.
+
+    Args:
+        name: the loader, as errors name it.
+        state: the loader's state now (a fresh copy), or ``None`` when the state is computed from the
+            count alone (MosaicML Streaming's global sample count).
+        state_at_end: take the state again when the pass runs out (torchdata's marks it finished).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        state: Callable[[], dict[str, Any]] | None,
+        state_at_end: bool = False,
+    ) -> None:
+        self.name, self._state, self._state_at_end = name, state, state_at_end
+        self.batches = 0  # batches of the current epoch yielded, counting those before a restore
+        self._states: dict[int, dict[str, Any]] = {}
+        self._read: dict[int, Any] = {}
+        self._finished_at: int | None = None
+        self._pending: tuple[int, dict[str, Any] | None] | None = None  # (batches, state) restored, not yet read
+        self._source: Iterator[Any] | None = None  # the pass's batches
+        self._restore_globals = False
+        self._ahead: tuple[Any] | None = None  # batch ``self.batches``, read and not handed out yet
+        self._expected_first: str | None = None  # the digest the first batch after a restore must have
+        self.first_batch: tuple[str, str] | None = None  # (expected, read) digests of that batch, once read
+
+    def resume(self, batches: int, state: Mapping[str, Any] | None = None, next_batch: str = "") -> None:
+        """The next pass continues ``batches`` batches into the epoch (from ``state``, if the loader cannot
+        give its restored state back before it reads); ``next_batch``: the digest its first batch must
+        have, ``""``: unknown."""
+        self._pending = (batches, dict(state) if state is not None else None)
+        self._expected_first, self.first_batch = next_batch or None, None
+
+    @property
+    def resuming(self) -> bool:
+        """Whether the next pass continues a restored state."""
+        return self._pending is not None
+
+    def record(self, batches: Iterator[Any], restore_globals: bool = False) -> Iterator[Any]:
+        """``batches``, one pass, recorded; ``restore_globals``: the samples are read here (no workers), so
+        put the global generators back after each batch (they are the training step's)."""
+        pending, self._pending = self._pending, None
+        self.batches = pending[0] if pending is not None else 0
+        self._states, self._read, self._finished_at, self._ahead = {}, {}, None, None
+        if pending is not None and pending[1] is not None:
+            self._states[self.batches] = pending[1]  # the loader may not give it back before it reads
+        self._source, self._restore_globals = batches, restore_globals
+        return self._recording()
+
+    def _recording(self) -> Iterator[Any]:
+        while True:
+            if self._ahead is None and not self._read_next():
+                return
+            assert self._ahead is not None
+            (batch,), self._ahead = self._ahead, None
+            if self._expected_first is not None:
+                self.first_batch, self._expected_first = (self._expected_first, digest_of(batch)), None
+            self.batches += 1
+            yield batch
+
+    def _read_next(self) -> bool:
+        """Read batch ``self.batches`` of the epoch into ``self._ahead``, its state recorded before; False:
+        the pass has run out."""
+        if self._finished_at is not None or self._source is None:
+            return False
+        if self._state is not None and self.batches not in self._states:
+            self._states[self.batches] = self._state()
+        self._states.pop(self.batches - _KEPT, None)
+        self._read.pop(self.batches - _KEPT, None)
+        saved = randomness.GlobalGeneratorState() if self._restore_globals else None
+        try:
+            batch = next(self._source)
+        except StopIteration:
+            self._finished_at = self.batches
+            if self._state is not None and self._state_at_end:
+                self._states[self.batches] = self._state()
+            return False
+        finally:
+            if saved is not None:
+                saved.restore()
+        self._read[self.batches], self._ahead = batch, (batch,)
+        return True
+
+    def read_ahead(self, batches: int) -> None:
+        """At a save after ``batches`` batches, read the next batch now if Lightning has not (it reads
+        ahead only for a loader without a length), so that its digest is recorded: the pass hands it
+        out next, as it would have read it."""
+        if batches == self.batches and self._ahead is None:
+            self._read_next()
+
+    def state_after(self, batches: int) -> dict[str, Any]:
+        """The loader's state after ``batches`` batches of the current epoch.
+
+        Raises:
+            StreamPositionError: that state is not among the last few (the trainer's count and the
+                loader's disagree by more than Lightning's look-ahead).
+        """
+        assert self._state is not None, "a loader whose state is computed from the count"
+        if batches in self._states:
+            return self._states[batches]
+        if self._pending is not None and batches == self._pending[0]:  # restored, not read yet
+            return self._pending[1] if self._pending[1] is not None else self._state()
+        if batches == self.batches:  # no look-ahead (a sized stream, or the first batch)
+            return self._state()
+        raise StreamPositionError(
+            f"the trainer has completed {batches} batches of this epoch but {self.name} has yielded"
+            f" {self.batches}; its state at batch {batches} is not known"
+        )
+
+    def finished_after(self, batches: int) -> bool:
+        """Whether the pass had run out after ``batches`` batches."""
+        return self._finished_at == batches
+
+    def next_batch_digest(self, batches: int) -> str:
+        """The digest of batch ``batches`` of the epoch (the one after ``batches`` completed ones), if it
+        has been read (Lightning reads a batch ahead); else ``""``.
+
+        At a save between steps that batch has not reached ``training_step`` yet, so it is as the
+        loader made it.
+        """
+        return digest_of(self._read[batches]) if batches in self._read else ""
+
+
+class RecordedLoader:
+    """A mixin: the `lightning_resumable.readers.streams.StreamReader` members that a loader keeping a
+    `PassRecord` in ``self.record`` answers from it."""
+
+    record: PassRecord
+
+    @property
+    def first_batch(self) -> tuple[str, str] | None:
+        """(expected, read) digests of the first batch after a restore, once read."""
+        return self.record.first_batch
+
+    def state_after(self, batches: int) -> dict[str, Any]:
+        """The loader's state after ``batches`` batches of the current epoch (`PassRecord.state_after`)."""
+        return self.record.state_after(batches)
+
+    def finished_after(self, batches: int) -> bool:
+        """Whether the epoch had run out after ``batches`` batches."""
+        return self.record.finished_after(batches)
+
+    def next_batch_digest(self, batches: int) -> str:
+        """The digest of batch ``batches`` of the epoch (`PassRecord.next_batch_digest`), read now if
+        Lightning has not read it ahead (`PassRecord.read_ahead`): not past the loader's length, where
+        Lightning ends the epoch without reading more."""
+        try:
+            within = batches < len(self)  # type: ignore[arg-type]  # a DataLoader's
+        except TypeError:  # no length: Lightning has read ahead, or the pass has run out
+            within = True
+        if within:
+            self.record.read_ahead(batches)
+        return self.record.next_batch_digest(batches)

@@ -1,0 +1,292 @@
+"""Iterable datasets with state: each rank's stream position, taken before Lightning's look-ahead.
+
+Promise: a train loader over an ``IterableDataset`` that implements ``state_dict``/``load_state_dict``
+resumes on every rank at the batch after the checkpoint, with the same content.
+
+- The position of a stream is per rank (each rank reads its own shard) and per worker (each worker
+  its own slice), so the callback gathers every rank's state into the checkpoint that rank 0 writes,
+  keyed by rank, and each rank restores its own, before its iterator exists.
+- Lightning reads one batch ahead of ``training_step`` for a loader without a length, so the loader's
+  state when a checkpoint is written is one batch too far. `StreamLoader` records its state
+  before each batch (`lightning_resumable.readers.recording`) and hands out the one at the trainer's count
+  of completed batches.
+- Workers' stream state is captured by torchdata's ``StatefulDataLoader`` (a snapshot at every batch).
+- Each sample is drawn under a seed of ``(seed, epoch, rank, worker, samples that worker has yielded)``,
+  so augmentations drawn from the global generators are the same after a resume.
+
+A resume on another number of processes or workers would hand out states that mean another slice of
+the data: it is refused (`WorldSizeChangedError`,
+`WorkerCountChangedError`), unless the dataset declares its state global
+(``resumable_global_position = True``: the same on every rank, as LitData's count of samples
+consumed by all ranks), in which case every rank restores rank 0's state on a new world size.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from torch.utils.data import IterableDataset, get_worker_info
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from lightning_resumable.core import randomness
+from lightning_resumable.errors import (
+    IncompatibleStateError,
+    WorkerCountChangedError,
+    WorldSizeChangedError,
+)
+from lightning_resumable.format._keys import stream_key, stream_sample_seed
+from lightning_resumable.format.envelope import GLOBAL_POSITION_ATTRIBUTE, StreamState
+from lightning_resumable.internals._torchdata import (
+    check_loader_state,
+    holds_restored_iterator,
+    take_iterator,
+    torchdata_release,
+    torchdata_version,
+)
+from lightning_resumable.readers.recording import PassRecord, RecordedLoader
+from lightning_resumable.readers.workers import (
+    forking,
+    leave_sigterm_to_rank,
+    retire,
+    warn_once_on_affected_python,
+)
+
+__all__ = [
+    "GLOBAL_POSITION_ATTRIBUTE",
+    "SeededStream",
+    "StreamLoader",
+    "StreamReader",
+    "StreamState",
+    "state_for_rank",
+    "torchdata_version",
+    "world_size_refusal",
+]
+
+
+class SeededStream(IterableDataset[Any]):
+    """The user's stream, each sample drawn under its own seed.
+
+    Attributes it does not have are read from the wrapped stream, which is ``.dataset``. Its state is
+    the stream's and the number of samples this copy (one worker's, in a worker) has yielded in the
+    pass, which the sample seeds are keyed by.
+
+    Args:
+        dataset: the user's ``IterableDataset`` with ``state_dict``/``load_state_dict``.
+        seed: the run's seed.
+        rank: this process's rank (derived, never persisted).
+        seed_globals: seed torch's, ``random``'s and NumPy's global generators before each sample.
+        restore_globals: in the main process, put the global generators back after each sample.
+    """
+
+    def __init__(
+        self,
+        dataset: IterableDataset[Any],
+        seed: int,
+        rank: int,
+        seed_globals: bool = True,
+        restore_globals: bool = True,
+    ) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.rank = rank
+        self.seed_globals = seed_globals
+        self.restore_globals = restore_globals
+        self.epoch = 0
+        self._yielded = 0
+        self._restored_yielded: int | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not set yet (unpickling): don't recurse
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch, and hand it to the stream (if it has ``set_epoch``) before workers copy it.
+
+        Called in the main process: a Hugging Face stream shares its epoch between worker copies, and
+        ``set_epoch`` calls from several workers at once race on it.
+        """
+        self.epoch = epoch
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        worker = get_worker_info()
+        key = stream_key(self.seed, self.epoch, self.rank, worker.id if worker is not None else 0)
+        self._yielded, self._restored_yielded = self._restored_yielded or 0, None
+        restore = self.seed_globals and self.restore_globals and worker is None
+        source = iter(self.dataset)
+        while True:
+            seed = stream_sample_seed(key, self._yielded)
+            saved = randomness.GlobalGeneratorState() if restore else None
+            try:
+                randomness.begin_sample(seed, self.seed_globals)
+                sample = next(source)
+            except StopIteration:
+                return
+            finally:
+                randomness.end_sample()
+                if saved is not None:
+                    saved.restore()
+            self._yielded += 1
+            yield sample
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stream": self.dataset.state_dict(), "yielded": self._yielded}  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.dataset.load_state_dict(state["stream"])  # type: ignore[attr-defined]
+        self._yielded = self._restored_yielded = int(state["yielded"])  # the state until the next sample
+
+
+@runtime_checkable
+class StreamReader(Protocol):
+    """What a `StreamOwner` needs of a stream's loader: `StreamLoader`, or a data library's
+    (`lightning_resumable.readers.litdata.LitDataLoader`, `lightning_resumable.readers.mosaic.MosaicLoader`)."""
+
+    reader: str
+    dataset: Any
+    num_workers: int
+    inexact: bool
+
+    @property
+    def first_batch(self) -> tuple[str, str] | None: ...
+    def state_after(self, batches: int) -> dict[str, Any]: ...
+    def finished_after(self, batches: int) -> bool: ...
+    def next_batch_digest(self, batches: int) -> str: ...
+    def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None: ...
+    def start_epoch(self, epoch: int) -> None: ...
+    def retire_workers(self) -> None: ...
+
+
+class StreamLoader(RecordedLoader, StatefulDataLoader):  # type: ignore[misc]  # torchdata is untyped
+    """A ``StatefulDataLoader`` whose state the callback takes at the trainer's count of batches.
+
+    Its `PassRecord` keeps its state before each of the last few batches, so the state after ``k``
+    batches is known after Lightning has read batch ``k + 1`` ahead. ``state_dict`` and
+    ``load_state_dict`` are hidden from Lightning, which would save rank 0's state after the
+    look-ahead and load it on every rank: use `state_after` and `resume_from`.
+    """
+
+    reader = "torchdata"
+    """What reads the stream, as the checkpoint records it (LitData's and Mosaic's have their own)."""
+    state_dict = None
+    load_state_dict = None
+
+    def __init__(self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch_source = epoch_source
+        self._next_epoch: int | None = None  # the epoch of the next pass, when not the trainer's (yet)
+        self.record = PassRecord("the stream loader", self._state, state_at_end=True)
+        self.inexact = False  # known not to resume exactly (allowed by the user): not verified
+
+    def __iter__(self) -> Iterator[Any]:
+        stream = self.dataset
+        assert isinstance(stream, SeededStream)
+        epoch, self._next_epoch = (self.epoch_source() if self._next_epoch is None else self._next_epoch), None
+        stream.set_epoch(epoch)  # before the workers get their copy
+        # Retire the previous pass's iterator (its workers and feeder threads) before new workers are
+        # forked (see lightning_resumable.readers.workers): 2 hangs in 11 runs of 3 epochs before, none in 22 after.
+        if not holds_restored_iterator(self):  # else that iterator holds a restored state: keep it
+            previous = take_iterator(self)
+            if previous is not None:
+                retire(previous)
+            del previous
+        warn_once_on_affected_python(self)
+        leave_sigterm_to_rank(self)
+        with forking(super().__iter__) as iterator:
+            pass
+        return self.record.record(iterator)
+
+    def retire_workers(self) -> None:
+        """Retire the last pass's iterator (its workers and feeder threads), at the end of a fit."""
+        previous = take_iterator(self)
+        if previous is not None:
+            retire(previous)
+
+    def _state(self) -> dict[str, Any]:
+        return copy.deepcopy(StatefulDataLoader.state_dict(self))
+
+    @property
+    def batches_yielded(self) -> int:
+        """Batches of the current epoch yielded, counting those before a restore."""
+        return self.record.batches
+
+    def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
+        """Continue the next iteration from ``state``, ``batches`` batches into the epoch; ``next_batch``:
+        the digest the first batch read must have (`first_batch` holds the outcome), ``""``: unknown."""
+        StatefulDataLoader.load_state_dict(self, dict(state))
+        self.record.resume(batches, next_batch=next_batch)
+
+    def start_epoch(self, epoch: int) -> None:
+        """Make the next iteration a fresh pass of ``epoch`` (a resume after an epoch's last batch: Lightning
+        creates the iterator while its epoch counter still shows the finished epoch)."""
+        self._next_epoch = epoch
+
+
+def world_size_refusal(saved: StreamState) -> str | None:
+    """Why ``saved`` cannot resume on another world size (for the world-size policy); ``None``: it can,
+    its position being global (every rank restores rank 0's state, or a library partitions its count again)."""
+    if saved.global_position:
+        return None
+    if saved.reader == "torchdata":
+        return (
+            "a stream's position is per rank (each rank reads its own shard), so it means other data on another"
+            f" world size. Resume on {saved.world_size} processes, or give the dataset {GLOBAL_POSITION_ATTRIBUTE}"
+            " = True if its state is the same on every rank"
+        )
+    library = {"litdata": "LitData", "mosaic": "MosaicML Streaming"}.get(saved.reader, saved.reader)
+    return (
+        f"{library} restripes its stream on another layout itself, but this release does not resume {library}"
+        f" elastically yet. Resume on {saved.world_size} processes with num_workers={saved.num_workers}"
+    )
+
+
+def state_for_rank(
+    saved: StreamState, rank: int, world_size: int, num_workers: int, torchdata: str | None = None
+) -> dict[str, Any]:
+    """The loader state that ``rank`` of ``world_size`` restores (``torchdata``: the installed version);
+    the world size is the policy's to allow (`world_size_refusal`), the rest of the layout is checked here.
+
+    Raises:
+        WorldSizeChangedError: another world size where `world_size_refusal` refuses it, or (a data
+            library's state whose position is per rank) another number of workers per process.
+        WorkerCountChangedError: another number of workers per process.
+        IncompatibleStateError: the state was written by a newer torchdata than the installed one.
+        StateFormatError: a rank's state is not a loader state of that number of workers.
+    """
+    refusal = world_size_refusal(saved)
+    if world_size != saved.world_size and refusal is not None:
+        raise WorldSizeChangedError(
+            f"the checkpoint's stream state was written on {saved.world_size} processes and resumes on {world_size}:"
+            f" {refusal}"
+        )
+    own_rank = rank if world_size == saved.world_size else 0
+    if saved.reader != "torchdata":  # a data library's loader's state: its own checks
+        # A library's global count (Mosaic's) is partitioned again on any number of workers (its loader
+        # checks that the global batch is the same); LitData's own elastic resume is not exact.
+        if refusal is not None and num_workers != saved.num_workers:
+            raise WorldSizeChangedError(
+                f"the checkpoint's stream state was written on {saved.world_size} processes with num_workers="
+                f"{saved.num_workers} and resumes on {world_size} with num_workers={num_workers}: {refusal}"
+            )
+        return saved.ranks[own_rank]
+    installed = torchdata_version() if torchdata is None else torchdata
+    if saved.torchdata and torchdata_release(installed) < torchdata_release(saved.torchdata):
+        raise IncompatibleStateError(
+            f"the checkpoint's stream state was written with torchdata {saved.torchdata} and resumes with"
+            f" torchdata {installed}: an older torchdata cannot read a newer one's StatefulDataLoader state."
+            f" Install torchdata>={saved.torchdata}"
+        )
+    if num_workers != saved.num_workers:
+        raise WorkerCountChangedError(
+            f"the checkpoint's stream state was written with num_workers={saved.num_workers} per process and"
+            f" resumes with num_workers={num_workers}: each worker reads its own slice of the stream, so the"
+            f" saved worker states mean other data. Resume with num_workers={saved.num_workers}"
+        )
+    for each, state in enumerate(saved.ranks):  # every rank checks them all
+        check_loader_state(state, saved.num_workers, each)
+    return saved.ranks[own_rank]

@@ -1,0 +1,1 @@
+"""The tools: ``python -m lightning_resumable inspect`` and ``compare``."""
