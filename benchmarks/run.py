@@ -347,7 +347,7 @@ def standard_sampler_table(sizes: list[int], rounds: int) -> None:
 def stream_table(size: int, rounds: int) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from lightning_resumable.readers.build import make_stream_resumable
+    from lightning_resumable.readers.streams import make_stream_resumable
 
     def loaders(workers: int) -> dict[str, Any]:
         def theirs() -> Any:

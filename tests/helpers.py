@@ -4,6 +4,7 @@ saves mid-run, and `assert_resumes_exactly`, the stop-and-resume check (torchdat
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +16,9 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset, get_worker_info
 
 from lightning_resumable import ResumableDataCallback, ResumableDataModule
-from lightning_resumable.readers.build import make_stream_resumable
-from lightning_resumable.readers.streams import StreamLoader
+from lightning_resumable.core.verification import digest_of
+from lightning_resumable.readers.base import StreamReader
+from lightning_resumable.readers.streams import StreamLoader, make_stream_resumable
 
 __all__ = [
     "Counting",
@@ -25,6 +27,7 @@ __all__ = [
     "PlainData",
     "SaveAtStep",
     "Several",
+    "assert_reader_resumes_exactly",
     "assert_resumes_exactly",
     "checkpoint_with_callback",
     "ids",
@@ -159,10 +162,12 @@ class Counting(IterableDataset[torch.Tensor]):
         self.position = self._start = state["position"]
 
 
-def stream_loader(num_workers: int, epoch: int = 0) -> StreamLoader:
+def stream_loader(num_workers: int, epoch: int | list[int] = 0) -> StreamLoader:
+    """A stream reader over `Counting`, at the trainer epoch ``epoch`` (a list: the epoch now in its cell)."""
     user = DataLoader(Counting(), batch_size=2, num_workers=num_workers)
+    cell = epoch if isinstance(epoch, list) else [epoch]
     return make_stream_resumable(
-        user, seed=5, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: epoch
+        user, seed=5, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: cell[0]
     )
 
 
@@ -174,3 +179,50 @@ def loader_state(num_workers: int) -> dict[str, Any]:
     state = loader.state_after(2)
     loader.retire_workers()
     return state
+
+
+def read(batches: Any, count: int | None = None) -> list[str]:
+    """The digests of ``count`` batches of a pass (all of it: ``None``); a pass cut short is left
+    unexhausted, as Lightning leaves a sized loader's."""
+    return [digest_of(batch) for batch in itertools.islice(batches, count)]
+
+
+def assert_reader_resumes_exactly(
+    make: Callable[[list[int], int], StreamReader],
+    *,
+    stop: int,
+    length: int | None = None,
+    workers: tuple[int, int] = (0, 0),
+) -> tuple[dict[str, Any], list[list[str]]]:
+    """The save/restore/compare suite every stream reader passes (torchdata's ``run_test_save_load_state``
+    is its model). ``make(epoch, num_workers)`` builds a reader whose trainer epoch is ``epoch[0]``;
+    ``length``: batches a pass is read for (``None``: to its end); ``workers``: the stopped and the
+    resumed reader's.
+
+    Three epochs read straight through; another reader reads epoch 0, then ``stop`` batches of epoch 1
+    and one ahead, as Lightning does before a save; a third resumes from its state there. The resumed
+    reader hands out the restored state before it reads, its first batch is the one whose digest was
+    saved, the rest of epoch 1 is the uninterrupted one's, and epoch 2 is read afresh. Returns the
+    saved state and the uninterrupted epochs' digests.
+    """
+    epoch = [0]
+    full = make(epoch, workers[0])
+    expected = []
+    for epoch[0] in range(3):
+        expected.append(read(iter(full), length))
+    stopped = make(epoch, workers[0])
+    epoch[0] = 0
+    read(iter(stopped), length)
+    epoch[0] = 1
+    seen = read(iter(stopped), stop + 1)  # ``stop`` trained, the next read ahead
+    state, digest = stopped.state_after(stop), stopped.next_batch_digest(stop)
+    resumed = make(epoch, workers[1])
+    resumed.resume_from(state, stop, digest)
+    assert resumed.state_after(stop) == state, "before its pass, a resumed reader hands out the restored state"
+    assert seen[:stop] + read(iter(resumed), len(expected[1]) - stop) == expected[1]
+    assert resumed.first_batch == (digest, digest)
+    epoch[0] = 2
+    assert read(iter(resumed), length) == expected[2], "the resumed pass ends, the next epoch is fresh"
+    for each in (full, stopped, resumed):
+        each.retire_workers()
+    return state, expected

@@ -13,9 +13,9 @@ import pytest
 
 from lightning_resumable.errors import UnsupportedLoaderError, WorldSizeChangedError
 from lightning_resumable.format.envelope import StreamState
-from lightning_resumable.readers.streams import state_for_rank
 
 from .e2e import train
+from .helpers import assert_reader_resumes_exactly
 
 litdata = pytest.importorskip("litdata")
 
@@ -47,35 +47,21 @@ def pass_of(batches: Any, count: int = BATCHES) -> list[list[Any]]:
 def test_a_resume_at_the_trainers_count_continues_the_epoch_and_the_next_one_is_fresh(
     chunks: Path, num_workers: int
 ) -> None:
-    epoch = [0]
-    full = loader(chunks, num_workers, epoch)
-    expected = []
-    for epoch[0] in range(3):
-        expected.append(pass_of(iter(full)))
-    stopped = loader(chunks, num_workers, epoch)
-    epoch[0] = 0
-    pass_of(iter(stopped))
-    epoch[0] = 1
-    batches = iter(stopped)
-    seen = pass_of(batches, 4)  # 3 trained, the 4th read ahead by Lightning
-    state = stopped.state_after(3)
-    digest = stopped.next_batch_digest(3)
-    resumed = loader(chunks, num_workers, epoch)
-    resumed.resume_from(state, 3, digest)
-    assert resumed.state_after(3) == state  # before the pass: the restored state, not LitData's own
-    assert seen[:3] + pass_of(iter(resumed), BATCHES - 3) == expected[1]
-    assert resumed.first_batch == (digest, digest)
-    epoch[0] = 2
-    assert pass_of(iter(resumed)) == expected[2]  # the resumed pass was never exhausted
+    """The readers' suite; the resumed pass is never exhausted (LitData's ``restore`` flag stays set)."""
+    assert_reader_resumes_exactly(
+        lambda epoch, workers: loader(chunks, workers, epoch), stop=3, length=BATCHES, workers=(num_workers,) * 2
+    )
 
 
-def test_another_layout_is_refused_for_litdata_until_it_is_resumed_elastically() -> None:
+def test_another_layout_is_refused_for_litdata_until_it_is_resumed_elastically(chunks: Path) -> None:
     saved = StreamState(1, 0, 3, 2, 2, False, False, [{}, {}], reader="litdata")
+    with_workers, without = loader(chunks, 2, [0]), loader(chunks, 0, [0])
+    assert with_workers.world_size_refusal(saved) is not None
     with pytest.raises(WorldSizeChangedError, match="does not resume LitData elastically yet"):
-        state_for_rank(saved, 0, 1, 2)
+        with_workers.state_for_rank(saved, 0, 1)
     with pytest.raises(WorldSizeChangedError, match="num_workers=2 and resumes on 2 with num_workers=0"):
-        state_for_rank(saved, 0, 2, 0)
-    assert state_for_rank(saved, 1, 2, 2) == {}  # LitData's state: torchdata's structure is not checked
+        without.state_for_rank(saved, 0, 2)
+    assert with_workers.state_for_rank(saved, 1, 2) == {}  # LitData's state: torchdata's structure is not checked
 
 
 def test_a_seeded_dataset_pickles_for_a_spawned_worker_as_the_users_class_seeded_again(chunks: Path) -> None:

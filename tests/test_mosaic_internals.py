@@ -17,9 +17,9 @@ from lightning_resumable import set_mosaic_environment
 from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoaderError
 from lightning_resumable.format.envelope import StreamState
 from lightning_resumable.readers.build import make_resumable
-from lightning_resumable.readers.streams import state_for_rank
 
 from .e2e import train
+from .helpers import assert_reader_resumes_exactly
 
 if importlib.util.find_spec("streaming") is None:
     pytest.skip("MosaicML Streaming is not installed", allow_module_level=True)
@@ -56,26 +56,14 @@ def pass_of(batches: Any, count: int = BATCHES) -> list[list[Any]]:
 def test_a_resume_at_the_trainers_count_continues_the_epoch_and_the_next_one_is_fresh(
     shards: Path, workers: int, resume_workers: int
 ) -> None:
-    epoch = [0]
-    full = loader(shards, workers, epoch)
-    expected = []
-    for epoch[0] in range(3):
-        expected.append(pass_of(iter(full)))
+    state, expected = assert_reader_resumes_exactly(
+        lambda epoch, num_workers: loader(shards, num_workers, epoch),
+        stop=3,
+        length=BATCHES,
+        workers=(workers, resume_workers),
+    )
     assert expected[0] != expected[1], "each epoch is shuffled anew"
-    stopped = loader(shards, workers, epoch)
-    epoch[0] = 0
-    pass_of(iter(stopped))
-    epoch[0] = 1
-    seen = pass_of(iter(stopped), 4)  # 3 trained, the 4th read ahead by Lightning
-    state, digest = stopped.state_after(3), stopped.next_batch_digest(3)
     assert state["epoch"] == 1 and state["sample_in_epoch"] == 12  # Mosaic's own keys: the 3 trained batches
-    resumed = loader(shards, resume_workers, epoch)
-    resumed.resume_from(state, 3, digest)
-    assert resumed.state_after(3) == state
-    assert seen[:3] + pass_of(iter(resumed), BATCHES - 3) == expected[1]
-    assert resumed.first_batch == (digest, digest)
-    epoch[0] = 2
-    assert pass_of(iter(resumed)) == expected[2]
 
 
 def test_the_order_computed_is_what_mosaics_first_pass_settles(shards: Path) -> None:
@@ -127,8 +115,11 @@ def test_set_mosaic_environment_gives_mosaic_the_trainers_world(monkeypatch: pyt
 
 def test_mosaic_resumes_on_another_layout_at_the_same_global_batch_only(shards: Path) -> None:
     saved = StreamState(1, 0, 3, 2, 2, True, False, [{"epoch": 0}, {"epoch": 0}], reader="mosaic")
-    assert state_for_rank(saved, 0, 1, 0) == {"epoch": 0}  # its one global count, on any layout
-    assert state_for_rank(saved, 2, 3, 2) == {"epoch": 0}
+    reader = loader(shards, 0, [0])  # one: each of Mosaic's datasets holds its own shared memory
+    assert reader.world_size_refusal(saved) is None  # its one global count, on any layout
+    assert reader.state_for_rank(saved, 0, 1) == {"epoch": 0}
+    reader.num_workers = 2
+    assert reader.state_for_rank(saved, 2, 3) == {"epoch": 0}
     state = {
         "epoch": 0,
         "sample_in_epoch": 12,

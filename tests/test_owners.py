@@ -14,6 +14,7 @@ from lightning_resumable.errors import IncompatibleStateError, WorldSizeChangedE
 from lightning_resumable.format.envelope import StreamState
 from lightning_resumable.lightning.owners import StreamOwner
 from lightning_resumable.lightning.world_size import check_world_size
+from lightning_resumable.readers.base import StreamReader
 
 
 class Stream(IterableDataset[int]):
@@ -27,10 +28,12 @@ class Stream(IterableDataset[int]):
         pass
 
 
-class Reader:
-    """A stream loader as a `StreamOwner` sees it, recording what the owner asks of it."""
+class Reader(StreamReader):
+    """A stream loader as a `StreamOwner` sees it (a data library's, with the base reader's resume policy),
+    recording what the owner asks of it."""
 
     reader = "mosaic"
+    library = "MosaicML Streaming"
     num_workers = 0
     inexact = False
     first_batch = None
@@ -92,3 +95,12 @@ def test_a_finished_stream_is_refused_two_epochs_on() -> None:
     owner.restore(stream_state(2, finished=True), 3, True, functools.partial(check_world_size, True))
     with pytest.raises(IncompatibleStateError, match="resumes epoch 2"):
         owner.start(Trainer(3), 0)  # type: ignore[arg-type]
+
+
+def test_a_stream_read_by_another_reader_is_refused_naming_both() -> None:
+    """The format reads any reader's tag (a new data library adds none there); the owner refuses another's."""
+    saved = StreamState.from_dict({**stream_state(1).to_dict(), "reader": "webdataset"})
+    with pytest.raises(
+        IncompatibleStateError, match="read by webdataset's loader, and the train loader is now mosaic's"
+    ):
+        StreamOwner(Reader(), 0, 1).restore(saved, 1, True, functools.partial(check_world_size, True))  # type: ignore[arg-type]

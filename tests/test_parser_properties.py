@@ -34,9 +34,8 @@ from lightning_resumable.format.envelope import (
 )
 from lightning_resumable.format.state import DataState
 from lightning_resumable.internals._torchdata import torchdata_version
-from lightning_resumable.readers.streams import state_for_rank
 
-from .helpers import loader_state
+from .helpers import loader_state, stream_loader
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REFUSALS = (StateFormatError, IncompatibleStateError)
@@ -89,8 +88,9 @@ def resume_checks(raw: object) -> None:
         # As if resumed with the torchdata that wrote it: a newer one's state is refused by an older
         # torchdata (unit-tested in test_streams.py); CI's oldest-versions step has torchdata 0.10.
         installed = body.torchdata or None
+        reader = stream_loader(body.num_workers)
         for rank in range(body.world_size):
-            state_for_rank(body, rank, body.world_size, body.num_workers, torchdata=installed)
+            reader.state_for_rank(body, rank, body.world_size, torchdata=installed)
     for loader in body.loaders.values() if isinstance(body, LoadersState) else [body]:
         if isinstance(loader, LoaderState):
             loader.state.check_same_data(loader.state)

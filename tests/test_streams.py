@@ -26,10 +26,7 @@ from lightning_resumable import (
 from lightning_resumable.core.verification import check_first_stream_batches, digest_of
 from lightning_resumable.format._keys import stream_key, stream_sample_seed
 from lightning_resumable.format.envelope import StreamState
-from lightning_resumable.readers.build import make_stream_resumable
-from lightning_resumable.readers.streams import (
-    state_for_rank,
-)
+from lightning_resumable.readers.streams import make_stream_resumable
 
 from .helpers import Counting, Model, loader_state, stream_loader, trainer
 
@@ -101,33 +98,35 @@ def marks(*states: dict[str, Any]) -> list[int]:
 
 def test_each_rank_restores_its_own_state() -> None:
     saved = StreamState.from_dict(saved_on(3, 2).to_dict())
-    assert marks(*(state_for_rank(saved, rank, 3, 2) for rank in range(3))) == [0, 1, 2]
+    assert marks(*(stream_loader(2).state_for_rank(saved, rank, 3) for rank in range(3))) == [0, 1, 2]
 
 
 def test_another_world_size_is_refused_for_a_per_rank_stream() -> None:
     with pytest.raises(WorldSizeChangedError, match="written on 2 processes and resumes on 3"):
-        state_for_rank(saved_on(2, 2), 0, 3, 2)
+        stream_loader(2).state_for_rank(saved_on(2, 2), 0, 3)
 
 
 def test_another_worker_count_is_refused() -> None:
     with pytest.raises(WorkerCountChangedError, match="num_workers=2 per process and resumes with num_workers=0"):
-        state_for_rank(saved_on(2, 2), 0, 2, 0)
+        stream_loader(0).state_for_rank(saved_on(2, 2), 0, 2)
 
 
 def test_a_global_position_restores_rank_zeros_state_on_any_world_size() -> None:
     saved = saved_on(2, 0, global_position=True)
-    assert marks(*(state_for_rank(saved, rank, 3, 0) for rank in range(3))) == [0, 0, 0]
+    assert marks(*(stream_loader(0).state_for_rank(saved, rank, 3) for rank in range(3))) == [0, 0, 0]
 
 
 def test_a_state_from_a_newer_torchdata_is_refused_and_an_older_ones_read() -> None:
     written = dataclasses.replace(saved_on(1, 0), torchdata="0.11.0")
     refused = r"written with torchdata 0\.11\.0 and resumes with torchdata 0\.10\.0"
     with pytest.raises(IncompatibleStateError, match=refused):
-        state_for_rank(written, 0, 1, 0, torchdata="0.10.0")
+        stream_loader(0).state_for_rank(written, 0, 1, torchdata="0.10.0")
+    reader = stream_loader(0)
     assert marks(
-        state_for_rank(written, 0, 1, 0, torchdata="0.11.2"), state_for_rank(written, 0, 1, 0, torchdata="0.12.0.dev1")
+        reader.state_for_rank(written, 0, 1, torchdata="0.11.2"),
+        reader.state_for_rank(written, 0, 1, torchdata="0.12.0.dev1"),
     ) == [0, 0]
-    assert marks(state_for_rank(saved_on(1, 0), 0, 1, 0, torchdata="0.10.0")) == [0]  # not recorded: not checked
+    assert marks(reader.state_for_rank(saved_on(1, 0), 0, 1, torchdata="0.10.0")) == [0]  # not recorded: not checked
 
 
 def test_a_version_1_stream_state_reads_without_a_torchdata_version() -> None:
@@ -157,6 +156,8 @@ def test_the_mixin_refuses_a_stateless_stream_before_training(tmp_path: Path) ->
         ({"epoch": "1"}, "'epoch' must be int"),
         ({"finished": 1}, "'finished' must be bool"),
         ({"ranks": [{}]}, "one loader state per rank"),
+        ({"reader": "Not a tag!"}, "must be a reader's tag"),
+        ({"reader": ""}, "must be a reader's tag"),
     ],
 )
 def test_a_malformed_stream_state_is_refused(change: dict[str, Any], message: str) -> None:

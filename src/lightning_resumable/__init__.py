@@ -35,13 +35,16 @@ from lightning_resumable.errors import (
 )
 from lightning_resumable.format.state import DataState
 from lightning_resumable.readers.contract import PassThroughWrapper
-from lightning_resumable.readers.libraries import set_mosaic_environment
+from lightning_resumable.readers.mosaic_environment import set_mosaic_environment
 
 if TYPE_CHECKING:
     from lightning_resumable.lightning.callback import ResumableDataCallback
     from lightning_resumable.lightning.datamodule import ResumableDataModule
 
-_LIGHTNING_CLASSES = {"ResumableDataCallback": "lightning.callback", "ResumableDataModule": "lightning.datamodule"}
+_LIGHTNING_CLASSES = {
+    "ResumableDataCallback": "lightning.callback",
+    "ResumableDataModule": "lightning.datamodule",
+}
 
 
 def __getattr__(name: str) -> Any:

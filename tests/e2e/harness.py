@@ -14,13 +14,10 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
+from .data_setups import SETUPS
 from .processes import ForkServer, run_tree
 
 TRAIN_SCRIPT = Path(__file__).with_name("train.py")
-STREAM_SIZE = 48
-"""Samples of the ``stream`` and ``hf`` data: 8 shards of 6, so 2 ranks with 2 workers read 12 each."""
-COMBINED_SIZES = (38, 14)
-"""Samples of the ``combined`` data's two loaders, ``a`` and ``b`` (ids of ``b`` start at 1000)."""
 RUN_TIMEOUT_S = int(os.environ.get("E2E_RUN_TIMEOUT_S", "300"))
 FORK = os.environ.get("E2E_FORK_SERVER", "1") == "1"
 """Whether `run_phase` starts its runs from the fork server (the default) or as ``python train.py``."""
@@ -118,15 +115,7 @@ class Scenario:
     @property
     def batches_per_epoch(self) -> int:
         """Batches each rank trains per epoch, as DistributedSampler and DataLoader count them."""
-        if self.data in ("stream", "hf", "litdata", "mosaic"):
-            return STREAM_SIZE // self.world_size // self.batch_size  # the shards divide evenly
-        if self.data == "litdata-combined":  # the stream and a second one of half its size, each once
-            return (STREAM_SIZE + STREAM_SIZE // 2) // self.world_size // self.batch_size
-        if self.data in ("combined", "dict"):
-            lengths = [math.ceil(math.ceil(size / self.world_size) / self.batch_size) for size in COMBINED_SIZES]
-            return min(lengths) if self.mode == "min_size" else max(lengths)
-        per_rank = math.ceil(self.dataset_size / self.world_size)
-        return per_rank // self.batch_size if self.drop_last else math.ceil(per_rank / self.batch_size)
+        return SETUPS[self.data].batches_per_epoch(self)
 
     @property
     def stop_batch(self) -> int:
@@ -144,7 +133,7 @@ class Scenario:
         # A distributed checkpoint is another file layout of the same training.
         strategy = "model_parallel" if self.strategy == "model_parallel_sharded" else self.strategy
         # The library reads a stream through its own loader, whichever class the user returned.
-        loader = "DataLoader" if self.data in ("stream", "hf", "mosaic") and self.resumable else self.loader
+        loader = "DataLoader" if SETUPS[self.data].own_loader and self.resumable else self.loader
         return replace(
             self,
             loader=loader,
@@ -197,7 +186,7 @@ class Scenario:
         if self.augment:
             parts.append(self.augment)
         if self.data != "map":
-            parts.append(self.data + (f"-{self.mode}" if self.data == "combined" else ""))
+            parts.append(SETUPS[self.data].label(self))
         if self.resume_num_workers is not None:
             parts.append(f"resume-workers{self.resume_num_workers}")
         if self.stop_batch_override is not None:

@@ -191,8 +191,13 @@ class ForkServer:
     def _answer(self, timeout: float | None) -> dict[str, Any]:
         process = self._started()
         assert process.stdout is not None
-        if timeout is not None and not select.select([process.stdout], [], [], timeout)[0]:
-            raise subprocess.TimeoutExpired("fork server", timeout)
+        if timeout is not None:
+            # poll, not select: a test process may hold more than 1024 descriptors (MosaicML Streaming keeps
+            # shared memory open per dataset), and select() refuses a descriptor past 1023
+            waiting = select.poll()
+            waiting.register(process.stdout, select.POLLIN)
+            if not waiting.poll(timeout * 1000):
+                raise subprocess.TimeoutExpired("fork server", timeout)
         line = process.stdout.readline()
         if not line:
             raise RuntimeError(f"the fork server ended; its log: {self.log_path}\n{self.log_path.read_text()[-3000:]}")

@@ -13,7 +13,8 @@ from dataclasses import replace
 
 import pytest
 
-from .harness import COMBINED_SIZES, FIELDS, STREAM_SIZE, Records, Runner, Scenario
+from .data_setups import COMBINED_SIZES, STREAM_SIZE
+from .harness import FIELDS, Records, Runner, Scenario
 
 STREAMS = [
     Scenario(world_size=2, num_workers=0, loader="DataLoader", data="stream", stop_kind="batch_end"),

@@ -28,6 +28,7 @@ import threading
 import time
 import types
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,11 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable import ResumableBatchSampler, ResumableDataCallback, ResumableDataModule
 from lightning_resumable.readers.workers import garbage_collector_paused
+
+try:  # imported as tests.e2e.train (the unit tests of the data libraries build their data with it)
+    from .data_setups import COMBINED_SIZES, SETUPS, STREAM_SIZE
+except ImportError:  # run as a script, or by the fork server: tests/e2e is on the path
+    from data_setups import COMBINED_SIZES, SETUPS, STREAM_SIZE  # type: ignore[no-redef]
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -553,41 +559,43 @@ class PlainData(L.LightningDataModule):
         self.config = config
 
     def train_dataloader(self) -> Any:
-        data = self.config.get("data", "map")
-        if data in ("stream", "hf"):
-            return self.stream_loader(data)
-        if data == "mosaic":
-            from lightning_resumable import set_mosaic_environment
+        return TRAIN_LOADERS[self.config.get("data", "map")](self)
 
-            set_mosaic_environment(self.trainer)  # Lightning's launcher sets neither RANK nor LOCAL_WORLD_SIZE
-            # The global batch stays the same on another world size (Mosaic resumes elastically at it).
-            batch_size = self.config["batch_size"] * self.config["first_world_size"] // self.config["world_size"]
-            self.train_set = mosaic_stream(Path(self.config["out_dir"]).parent / MOSAIC_DIR, batch_size)
-            loader_type = (
-                import_streaming().StreamingDataLoader if self.config["loader"] != "DataLoader" else DataLoader
-            )
-            workers = self.config["num_workers"]
-            if self.config["phase"].startswith("resume") and self.config.get("resume_num_workers") is not None:
-                workers = self.config["resume_num_workers"]
-            return loader_type(self.train_set, batch_size=batch_size, num_workers=workers)
-        if data in ("litdata", "litdata-combined"):
-            from litdata import CombinedStreamingDataset, StreamingDataLoader
+    def mosaic_loader(self) -> Any:
+        from lightning_resumable import set_mosaic_environment
 
-            root = Path(self.config["out_dir"]).parent
-            self.train_set = litdata_stream(root / LITDATA_DIR)
-            if data == "litdata-combined":
-                second = litdata_stream(root / LITDATA_SECOND_DIR)
-                self.train_set = CombinedStreamingDataset([self.train_set, second], seed=5)
-            loader_type = StreamingDataLoader if self.config["loader"] == "StreamingDataLoader" else DataLoader
-            # The global batch stays the same on another world size (where LitData resumes elastically).
-            batch_size = self.config["batch_size"] * self.config["first_world_size"] // self.config["world_size"]
-            return loader_type(self.train_set, batch_size=batch_size, num_workers=self.config["num_workers"])
-        if data in ("combined", "dict"):
-            loaders = {
-                "a": make_loader(self.config, IdDataset(38), shuffle=True, drop_last=False),
-                "b": make_loader(self.config, OffsetDataset(14, offset=1000), shuffle=True, drop_last=False),
-            }
-            return CombinedLoader(loaders, self.config["mode"]) if data == "combined" else loaders
+        set_mosaic_environment(self.trainer)  # Lightning's launcher sets neither RANK nor LOCAL_WORLD_SIZE
+        # The global batch stays the same on another world size (Mosaic resumes elastically at it).
+        batch_size = self.config["batch_size"] * self.config["first_world_size"] // self.config["world_size"]
+        self.train_set = mosaic_stream(Path(self.config["out_dir"]).parent / MOSAIC_DIR, batch_size)
+        loader_type = import_streaming().StreamingDataLoader if self.config["loader"] != "DataLoader" else DataLoader
+        workers = self.config["num_workers"]
+        if self.config["phase"].startswith("resume") and self.config.get("resume_num_workers") is not None:
+            workers = self.config["resume_num_workers"]
+        return loader_type(self.train_set, batch_size=batch_size, num_workers=workers)
+
+    def litdata_loader(self, combined: bool) -> Any:
+        from litdata import CombinedStreamingDataset, StreamingDataLoader
+
+        root = Path(self.config["out_dir"]).parent
+        self.train_set = litdata_stream(root / LITDATA_DIR)
+        if combined:
+            second = litdata_stream(root / LITDATA_SECOND_DIR)
+            self.train_set = CombinedStreamingDataset([self.train_set, second], seed=5)
+        loader_type = StreamingDataLoader if self.config["loader"] == "StreamingDataLoader" else DataLoader
+        # The global batch stays the same on another world size (where LitData resumes elastically).
+        batch_size = self.config["batch_size"] * self.config["first_world_size"] // self.config["world_size"]
+        return loader_type(self.train_set, batch_size=batch_size, num_workers=self.config["num_workers"])
+
+    def several_loaders(self, combined: bool) -> Any:
+        size_a, size_b = COMBINED_SIZES
+        loaders = {
+            "a": make_loader(self.config, IdDataset(size_a), shuffle=True, drop_last=False),
+            "b": make_loader(self.config, OffsetDataset(size_b, offset=1000), shuffle=True, drop_last=False),
+        }
+        return CombinedLoader(loaders, self.config["mode"]) if combined else loaders
+
+    def map_loader(self) -> Any:
         resuming = self.config["phase"].startswith("resume")
         relisted = self.config.get("relist_on_resume", False) and resuming
         dataset_type = CurriculumDataset if self.config.get("curriculum") else IdDataset
@@ -606,9 +614,12 @@ class PlainData(L.LightningDataModule):
         if self.config["phase"].startswith("resume") and self.config.get("resume_num_workers") is not None:
             workers = self.config["resume_num_workers"]
         if data == "hf":
-            stream, collate = hf_stream(48, rank, world_size, self.config.get("hf_shuffle_buffer", 0)), hf_collate
+            stream, collate = (
+                hf_stream(STREAM_SIZE, rank, world_size, self.config.get("hf_shuffle_buffer", 0)),
+                hf_collate,
+            )
         else:
-            stream, collate = ShardedStream(48, rank, world_size), None
+            stream, collate = ShardedStream(STREAM_SIZE, rank, world_size), None
         if not isinstance(self, ResumableDataModule):  # the library sets the epoch before each pass itself
             stream.set_epoch(self.trainer.current_epoch)  # type: ignore[union-attr]  # restored before this runs
         self.train_set = stream
@@ -620,6 +631,20 @@ class PlainData(L.LightningDataModule):
 
     test_dataloader = val_dataloader
     predict_dataloader = val_dataloader
+
+
+TRAIN_LOADERS: dict[str, Callable[[PlainData], Any]] = {
+    "map": PlainData.map_loader,
+    "stream": lambda data: data.stream_loader("stream"),
+    "hf": lambda data: data.stream_loader("hf"),
+    "mosaic": PlainData.mosaic_loader,
+    "litdata": lambda data: data.litdata_loader(combined=False),
+    "litdata-combined": lambda data: data.litdata_loader(combined=True),
+    "combined": lambda data: data.several_loaders(combined=True),
+    "dict": lambda data: data.several_loaders(combined=False),
+}
+"""How each train data of ``data_setups.SETUPS`` is built, by its name (``Scenario.data``)."""
+assert set(TRAIN_LOADERS) == set(SETUPS), "every data setup is built, and no other"
 
 
 class ResumableData(ResumableDataModule, PlainData):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
@@ -91,8 +92,10 @@ class StreamState:
             raise StateFormatError(f"the stream state must hold one loader state per rank ({state.world_size})")
         if state.torchdata:
             torchdata_release(state.torchdata)
-        if state.reader not in ("torchdata", "litdata", "mosaic"):
-            raise StateFormatError(f"unknown stream reader {state.reader!r:.100} (torchdata, litdata, mosaic)")
+        if re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", state.reader) is None:  # a reader's tag; the owner checks it is ours
+            raise StateFormatError(
+                f"a stream state's reader must be a reader's tag (torchdata, litdata...): {state.reader!r:.100}"
+            )
         if state.next_batch is not None and (
             len(state.next_batch) != state.world_size
             or not all(digest == "" or is_digest(digest) for digest in state.next_batch)

@@ -39,8 +39,8 @@ from lightning_resumable.lightning.combined import loader_position
 from lightning_resumable.lightning.progress import SavePoint
 from lightning_resumable.lightning.sampled_loader import SampledLoader
 from lightning_resumable.lightning.world_size import WorldSizePolicy
+from lightning_resumable.readers.base import StreamReader
 from lightning_resumable.readers.contract import check_contract
-from lightning_resumable.readers.streams import StreamReader, state_for_rank, world_size_refusal
 from lightning_resumable.readers.workers import retire_previous
 
 __all__ = [
@@ -268,8 +268,8 @@ class StreamOwner(Owner[StreamState]):
                 f" {self.loader.reader}'s"
             )
         where = f"at epoch {saved.epoch}, after {saved.batches} batches of its stream"
-        world_size_policy(saved.world_size, self.world_size, world_size_refusal(saved), where)
-        state = state_for_rank(saved, self.rank, self.world_size, self.loader.num_workers)  # refuses another layout
+        world_size_policy(saved.world_size, self.world_size, self.loader.world_size_refusal(saved), where)
+        state = self.loader.state_for_rank(saved, self.rank, self.world_size)  # the reader's checks of its layout
         if saved.finished:  # every rank had read its whole stream: the resume starts the next epoch
             self.loader.start_epoch(saved.epoch + 1)
             self.resumes_at = (saved.epoch + 1, None)

@@ -8,8 +8,6 @@ tells the kinds apart again.
 
 from __future__ import annotations
 
-from typing import Any
-
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -17,7 +15,7 @@ from lightning_resumable.core.batches import ResumableBatchSampler
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.lightning.combined import key_seed, split_train_loaders
 from lightning_resumable.lightning.owners import AnyOwner, LoaderOwner, LoadersOwner, StreamOwner
-from lightning_resumable.readers.build import build_resumable
+from lightning_resumable.readers.build import BuildOptions, Built, build_resumable
 
 __all__ = ["build_train_input"]
 
@@ -40,18 +38,20 @@ def build_train_input(
         UnsupportedLoaderError: a loader cannot be made exactly resumable; the message says why.
     """
 
-    def built(each: object, each_seed: int) -> Any:
+    def built(each: object, each_seed: int) -> Built:
         return build_resumable(
             each,
-            seed=each_seed,
-            num_replicas=trainer.world_size,
-            rank=trainer.global_rank,
-            seed_samples=seed_samples,
-            # Lightning fetches each batch before on_train_batch_start, where a reseeding callback
-            # sets the step's stream anyway: putting the generators back would be wasted work.
-            restore_globals=not seed_steps,
-            epoch_source=lambda: trainer.current_epoch,
-            allow_inexact_streams=allow_inexact_streams,
+            BuildOptions(
+                seed=each_seed,
+                num_replicas=trainer.world_size,
+                rank=trainer.global_rank,
+                seed_samples=seed_samples,
+                # Lightning fetches each batch before on_train_batch_start, where a reseeding callback
+                # sets the step's stream anyway: putting the generators back would be wasted work.
+                restore_globals=not seed_steps,
+                epoch_source=lambda: trainer.current_epoch,
+                allow_inexact_streams=allow_inexact_streams,
+            ),
         )
 
     several = split_train_loaders(returned)

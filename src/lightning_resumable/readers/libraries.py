@@ -17,88 +17,79 @@ chain that holds that library's object, where it would refuse a derived quantity
 
 from __future__ import annotations
 
+import importlib
 import inspect
-import os
-from dataclasses import dataclass
-from typing import Any
+import sys
+from typing import cast
 
 from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.readers.base import Adapter, Library
 
 __all__ = [
     "LIBRARIES",
-    "Library",
+    "adapters_for",
     "is_of",
     "library_of",
     "refuse_unsupported",
     "required_state_dict_arguments",
-    "set_mosaic_environment",
 ]
 
 
-@dataclass(frozen=True)
-class Library:
-    """A data library: its name, the package its classes come from, the keys of its own position."""
-
-    name: str
-    package: str
-    position_keys: frozenset[str]
-
-
-LIBRARIES = (
-    Library(
-        "LitData",
-        "litdata",
-        frozenset({"num_samples_yielded", "num_workers", "batch_size", "world_size", "sample_in_epoch"}),
-    ),
-    Library(
-        "MosaicML Streaming",
-        "streaming",
-        frozenset({"epoch", "sample_in_epoch", "num_canonical_nodes", "initial_physical_nodes"}),
-    ),
-)
-
-_TODAY = {
-    "LitData": (
-        "Its StreamingDataset keeps its position in its own StreamingDataLoader, whose state_dict hands the"
-        " dataset the loader's counts: return LitData's StreamingDataLoader (or a torch DataLoader) over a"
-        " StreamingDataset, or a CombinedStreamingDataset of them, which this library resumes exactly"
-        " (ParallelStreamingDataset is not resumed yet)"
-    ),
-    "MosaicML Streaming": (
-        "Its StreamingDataset keeps its position in its own StreamingDataLoader, whose state_dict hands the"
-        " dataset the loader's counts: return Mosaic's StreamingDataLoader (or a torch DataLoader) over a"
-        " StreamingDataset itself, which this library resumes exactly"
-    ),
+LIBRARIES = {
+    library.package: library
+    for library in (
+        Library(
+            "LitData",
+            "litdata",
+            frozenset({"num_samples_yielded", "num_workers", "batch_size", "world_size", "sample_in_epoch"}),
+            "Its StreamingDataset keeps its position in its own StreamingDataLoader, whose state_dict hands the"
+            " dataset the loader's counts: return LitData's StreamingDataLoader (or a torch DataLoader) over a"
+            " StreamingDataset, or a CombinedStreamingDataset of them, which this library resumes exactly"
+            " (ParallelStreamingDataset is not resumed yet)",
+            adapter="lightning_resumable.readers.litdata",
+        ),
+        Library(
+            "MosaicML Streaming",
+            "streaming",
+            frozenset({"epoch", "sample_in_epoch", "num_canonical_nodes", "initial_physical_nodes"}),
+            "Its StreamingDataset keeps its position in its own StreamingDataLoader, whose state_dict hands the"
+            " dataset the loader's counts: return Mosaic's StreamingDataLoader (or a torch DataLoader) over a"
+            " StreamingDataset itself, which this library resumes exactly",
+            adapter="lightning_resumable.readers.mosaic",
+        ),
+    )
 }
+"""The data libraries, by the package their classes come from: what is known of each before it is
+imported (the contract and the refusals need it for any object of the library), and its adapter module,
+which imports the library and is imported only where an object of the library was built. The one entry
+a new data library adds here, beside its adapter module."""
+
+
+def package_of(node: object) -> str:
+    return type(node).__module__.partition(".")[0]
 
 
 def library_of(node: object) -> Library | None:
-    """The library ``node``'s class comes from, if it is one of `LIBRARIES`."""
-    package = type(node).__module__.partition(".")[0]
-    return next((library for library in LIBRARIES if library.package == package), None)
+    """The data library ``node``'s class comes from, if it is one of `LIBRARIES`."""
+    return LIBRARIES.get(package_of(node))
+
+
+def adapters_for(loader: object) -> list[Adapter]:
+    """The adapters (imported now) of the data libraries, imported already, whose class (or a subclass of
+    it) ``loader`` or its dataset is of."""
+    classes = (cls for each in (loader, getattr(loader, "dataset", None)) for cls in type(each).__mro__)
+    packages = {cls.__module__.partition(".")[0] for cls in classes}  # a user's subclass is its library's
+    return [
+        cast(Adapter, importlib.import_module(library.adapter))
+        for package, library in LIBRARIES.items()
+        if package in packages and package in sys.modules
+    ]
 
 
 def is_of(node: object, package: str, name: str) -> bool:
     """Whether ``node`` is of class ``name`` (``StreamingDataLoader``, ``StreamingDataset``) from ``package``
     (``litdata``, ``streaming``), or of a subclass of it."""
     return any(cls.__name__ == name and cls.__module__.partition(".")[0] == package for cls in type(node).__mro__)
-
-
-def set_mosaic_environment(trainer: Any) -> None:
-    """Set the environment MosaicML Streaming reads its world from (``RANK``, ``WORLD_SIZE``,
-    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``) to ``trainer``'s (a ``lightning.Trainer``).
-
-    Lightning's own launcher sets only some of them, and a ``StreamingDataset`` built without them
-    reads rank 0's samples on every rank. Call it in the DataModule's ``setup()``, before the dataset is
-    built; ``torchrun`` sets them already (calling it then changes nothing).
-    """
-    os.environ.update(
-        RANK=str(trainer.global_rank),
-        WORLD_SIZE=str(trainer.world_size),
-        LOCAL_RANK=str(trainer.local_rank),
-        LOCAL_WORLD_SIZE=str(trainer.num_devices),
-        NODE_RANK=str(trainer.node_rank),
-    )
 
 
 def required_state_dict_arguments(node: object) -> list[str]:
@@ -129,7 +120,7 @@ def refuse_unsupported(chain: list[tuple[str, object]]) -> None:
         library = library_of(node)
         if library is not None:  # LitData's own loader is routed to its owner before this walk
             raise UnsupportedLoaderError(
-                f"the train loader holds {library.name}'s {type(node).__qualname__} at {path}. " + _TODAY[library.name]
+                f"the train loader holds {library.name}'s {type(node).__qualname__} at {path}. " + library.supported
             )
         required = required_state_dict_arguments(node)
         if required:

@@ -27,14 +27,33 @@ from typing import Any
 
 from litdata import CombinedStreamingDataset, StreamingDataLoader, StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable.core import randomness
 from lightning_resumable.errors import UnsupportedLoaderError
-from lightning_resumable.readers.recording import PassRecord, RecordedLoader
+from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
+from lightning_resumable.readers.libraries import LIBRARIES, is_of
+from lightning_resumable.readers.recording import PassRecord
 from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, refuse_persistent_workers
 from lightning_resumable.readers.workers import ForkingEachPass, leave_sigterm_to_rank, warn_once_on_affected_python
 
-__all__ = ["LitDataLoader", "make_litdata_resumable"]
+__all__ = ["LIBRARY", "LitDataLoader", "build", "make_litdata_resumable", "recognises"]
+
+LIBRARY = LIBRARIES["litdata"]
+
+
+def recognises(loader: object) -> bool:
+    """LitData's loader, or a torch ``DataLoader`` or ``StatefulDataLoader`` over LitData's dataset."""
+    dataset = getattr(loader, "dataset", None)
+    torch_loader = type(loader) in (DataLoader, StatefulDataLoader)
+    over_litdata = isinstance(dataset, (StreamingDataset, CombinedStreamingDataset))
+    return is_of(loader, "litdata", "StreamingDataLoader") or (torch_loader and over_litdata)
+
+
+def build(loader: Any, options: BuildOptions) -> Built:
+    made = make_litdata_resumable(loader, seed=options.seed, epoch_source=options.epoch_source)
+    return Built(made, made)
 
 
 def _epoch_of(dataset: StreamingDataset) -> int:
@@ -45,28 +64,24 @@ def _index_of(key: Any) -> int:
     return int(key.index) if isinstance(key, ChunkedIndex) else int(key)
 
 
-class LitDataLoader(ForkingEachPass, RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  # litdata is untyped
+class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type: ignore[misc]  # litdata is untyped
     """LitData's ``StreamingDataLoader``, whose state the callback takes at the trainer's count of batches."""
 
     reader = "litdata"
-    state_dict = None  # hidden from Lightning: use state_after and resume_from
-    load_state_dict = None
+    library = LIBRARY.name
 
     def __init__(self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.epoch_source = epoch_source
-        self.record = PassRecord("LitData's loader", self._state)
-        self.inexact = False
-        self._next_epoch: int | None = None  # the epoch of the next pass, when not the trainer's (yet)
+        self.start_reading(PassRecord("LitData's loader", self._state), epoch_source)
 
     def __iter__(self) -> Iterator[Any]:
         # The pass continues a restored state only right after `resume_from`. LitData clears its
         # ``restore`` flag only when a pass runs out, and Lightning stops a sized loader's pass at its
         # length without exhausting it: LitData then replayed the interrupted epoch's tail.
         self.restore = self.record.resuming
+        epoch = self.pass_epoch()
         if not self.restore:  # LitData adds 1 at each fresh pass: its epochs count from 1
-            self.current_epoch = self.epoch_source() if self._next_epoch is None else self._next_epoch
-        self._next_epoch = None
+            self.current_epoch = epoch
         warn_once_on_affected_python(self)
         leave_sigterm_to_rank(self)
         # Without workers the samples (and their seeds) are read in this process, in next().
@@ -83,7 +98,8 @@ class LitDataLoader(ForkingEachPass, RecordedLoader, StreamingDataLoader):  # ty
 
     def start_epoch(self, epoch: int) -> None:
         """Make the next pass a fresh one of ``epoch`` (a resume after an epoch's last batch)."""
-        self.restore, self._next_epoch = False, epoch
+        self.restore = False
+        super().start_epoch(epoch)
 
 
 def make_litdata_resumable(loader: Any, *, seed: int, epoch_source: Callable[[], int]) -> LitDataLoader:

@@ -30,14 +30,35 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from streaming import StreamingDataLoader, StreamingDataset
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable.core import randomness
 from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoaderError
-from lightning_resumable.readers.recording import PassRecord, RecordedLoader
+from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
+from lightning_resumable.readers.libraries import LIBRARIES, is_of
+from lightning_resumable.readers.recording import PassRecord
 from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, refuse_persistent_workers
 from lightning_resumable.readers.workers import ForkingEachPass, leave_sigterm_to_rank, warn_once_on_affected_python
 
-__all__ = ["MosaicLoader", "make_mosaic_resumable"]
+__all__ = ["LIBRARY", "MosaicLoader", "build", "make_mosaic_resumable", "recognises"]
+
+LIBRARY = LIBRARIES["streaming"]
+
+
+def recognises(loader: object) -> bool:
+    """Mosaic's loader, or a torch ``DataLoader`` or ``StatefulDataLoader`` over Mosaic's dataset."""
+    torch_loader = type(loader) in (DataLoader, StatefulDataLoader)
+    over_mosaic = isinstance(getattr(loader, "dataset", None), StreamingDataset)
+    return is_of(loader, "streaming", "StreamingDataLoader") or (torch_loader and over_mosaic)
+
+
+def build(loader: Any, options: BuildOptions) -> Built:
+    made = make_mosaic_resumable(
+        loader, seed=options.seed, epoch_source=options.epoch_source, rank=options.rank, world_size=options.num_replicas
+    )
+    return Built(made, made)
+
 
 _EPOCH = "_lightning_resumable_epoch"
 """The dataset's attribute holding the pass's epoch, set before its workers copy it."""
@@ -47,30 +68,25 @@ def _epoch_of(dataset: StreamingDataset) -> int:
     return int(getattr(dataset, _EPOCH, 0))
 
 
-class MosaicLoader(ForkingEachPass, RecordedLoader, StreamingDataLoader):  # type: ignore[misc]  # streaming is untyped
+class MosaicLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type: ignore[misc]  # streaming is untyped
     """Mosaic's ``StreamingDataLoader``, whose state the callback computes at the trainer's count of batches."""
 
     reader = "mosaic"
+    library = LIBRARY.name
     resumable_global_position = True  # one global count, the same on every rank, on any layout
-    state_dict = None  # hidden from Lightning: use state_after and resume_from
-    load_state_dict = None
 
     def __init__(
         self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, world_size: int = 1, **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.epoch_source, self.world_size = epoch_source, world_size
-        self.record = PassRecord("Mosaic's loader", state=None)
-        self.inexact = False
-        self.epoch = 0
-        self._next_epoch: int | None = None  # the epoch of the next pass, when not the trainer's (yet)
+        self.start_reading(PassRecord("Mosaic's loader", state=None), epoch_source)
+        self.world_size, self.epoch = world_size, 0
         self._resume: dict[str, Any] | None = None  # Mosaic's state the next pass continues
         self._order = order_of(self.dataset)  # Mosaic's state but the position: a resume takes the saved one
 
     def __iter__(self) -> Iterator[Any]:
         dataset = self.dataset
-        self.epoch = self.epoch_source() if self._next_epoch is None else self._next_epoch
-        self._next_epoch = None
+        self.epoch = self.pass_epoch()
         resume, self._resume = self._resume, None
         setattr(dataset, _EPOCH, self.epoch)  # before the workers copy the dataset
         # Mosaic's pass reads its epoch and position from the node's shared memory: both are set
@@ -108,10 +124,6 @@ class MosaicLoader(ForkingEachPass, RecordedLoader, StreamingDataLoader):  # typ
         self._order = {key: state[key] for key in self._order}
         self._next_epoch = int(state["epoch"])
         self.record.resume(batches, next_batch=next_batch)
-
-    def start_epoch(self, epoch: int) -> None:
-        """Make the next pass a fresh one of ``epoch`` (a resume after an epoch's last batch)."""
-        self._next_epoch = epoch
 
 
 def seen_world(dataset: StreamingDataset) -> tuple[int, int, int]:

@@ -16,7 +16,7 @@ from lightning_resumable.core import randomness
 from lightning_resumable.core.verification import digest_of
 from lightning_resumable.errors import StreamPositionError
 
-__all__ = ["PassRecord", "RecordedLoader"]
+__all__ = ["PassRecord"]
 
 _KEPT = 3
 """Batches (and states) kept: Lightning reads at most one batch ahead."""
@@ -145,35 +145,3 @@ class PassRecord:
         loader made it.
         """
         return digest_of(self._read[batches]) if batches in self._read else ""
-
-
-class RecordedLoader:
-    """A mixin: the `lightning_resumable.readers.streams.StreamReader` members that a loader keeping a
-    `PassRecord` in ``self.record`` answers from it."""
-
-    record: PassRecord
-
-    @property
-    def first_batch(self) -> tuple[str, str] | None:
-        """(expected, read) digests of the first batch after a restore, once read."""
-        return self.record.first_batch
-
-    def state_after(self, batches: int) -> dict[str, Any]:
-        """The loader's state after ``batches`` batches of the current epoch (`PassRecord.state_after`)."""
-        return self.record.state_after(batches)
-
-    def finished_after(self, batches: int) -> bool:
-        """Whether the epoch had run out after ``batches`` batches."""
-        return self.record.finished_after(batches)
-
-    def next_batch_digest(self, batches: int) -> str:
-        """The digest of batch ``batches`` of the epoch (`PassRecord.next_batch_digest`), read now if
-        Lightning has not read it ahead (`PassRecord.read_ahead`): not past the loader's length, where
-        Lightning ends the epoch without reading more."""
-        try:
-            within = batches < len(self)  # type: ignore[arg-type]  # a DataLoader's
-        except TypeError:  # no length: Lightning has read ahead, or the pass has run out
-            within = True
-        if within:
-            self.record.read_ahead(batches)
-        return self.record.next_batch_digest(batches)

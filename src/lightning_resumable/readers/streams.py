@@ -24,15 +24,17 @@ consumed by all ranks), in which case every rank restores rank 0's state on a ne
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable.core import randomness
 from lightning_resumable.errors import (
     IncompatibleStateError,
+    UnsupportedLoaderError,
     WorkerCountChangedError,
     WorldSizeChangedError,
 )
@@ -45,7 +47,10 @@ from lightning_resumable.internals._torchdata import (
     torchdata_release,
     torchdata_version,
 )
-from lightning_resumable.readers.recording import PassRecord, RecordedLoader
+from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
+from lightning_resumable.readers.hugging_face import shuffle_buffer_size
+from lightning_resumable.readers.recording import PassRecord
+from lightning_resumable.readers.settings import TORCH_SETTINGS, forwarded_settings, refuse_persistent_workers
 from lightning_resumable.readers.workers import (
     forking,
     leave_sigterm_to_rank,
@@ -57,11 +62,10 @@ __all__ = [
     "GLOBAL_POSITION_ATTRIBUTE",
     "SeededStream",
     "StreamLoader",
-    "StreamReader",
     "StreamState",
-    "state_for_rank",
-    "torchdata_version",
-    "world_size_refusal",
+    "build",
+    "make_stream_resumable",
+    "recognises",
 ]
 
 
@@ -142,27 +146,7 @@ class SeededStream(IterableDataset[Any]):
         self._yielded = self._restored_yielded = int(state["yielded"])  # the state until the next sample
 
 
-@runtime_checkable
-class StreamReader(Protocol):
-    """What a `StreamOwner` needs of a stream's loader: `StreamLoader`, or a data library's
-    (`lightning_resumable.readers.litdata.LitDataLoader`, `lightning_resumable.readers.mosaic.MosaicLoader`)."""
-
-    reader: str
-    dataset: Any
-    num_workers: int
-    inexact: bool
-
-    @property
-    def first_batch(self) -> tuple[str, str] | None: ...
-    def state_after(self, batches: int) -> dict[str, Any]: ...
-    def finished_after(self, batches: int) -> bool: ...
-    def next_batch_digest(self, batches: int) -> str: ...
-    def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None: ...
-    def start_epoch(self, epoch: int) -> None: ...
-    def retire_workers(self) -> None: ...
-
-
-class StreamLoader(RecordedLoader, StatefulDataLoader):  # type: ignore[misc]  # torchdata is untyped
+class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # torchdata is untyped
     """A ``StatefulDataLoader`` whose state the callback takes at the trainer's count of batches.
 
     Its `PassRecord` keeps its state before each of the last few batches, so the state after ``k``
@@ -172,22 +156,16 @@ class StreamLoader(RecordedLoader, StatefulDataLoader):  # type: ignore[misc]  #
     """
 
     reader = "torchdata"
-    """What reads the stream, as the checkpoint records it (LitData's and Mosaic's have their own)."""
-    state_dict = None
-    load_state_dict = None
+    library = "torchdata"
 
     def __init__(self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.epoch_source = epoch_source
-        self._next_epoch: int | None = None  # the epoch of the next pass, when not the trainer's (yet)
-        self.record = PassRecord("the stream loader", self._state, state_at_end=True)
-        self.inexact = False  # known not to resume exactly (allowed by the user): not verified
+        self.start_reading(PassRecord("the stream loader", self._state, state_at_end=True), epoch_source)
 
     def __iter__(self) -> Iterator[Any]:
         stream = self.dataset
         assert isinstance(stream, SeededStream)
-        epoch, self._next_epoch = (self.epoch_source() if self._next_epoch is None else self._next_epoch), None
-        stream.set_epoch(epoch)  # before the workers get their copy
+        stream.set_epoch(self.pass_epoch())  # before the workers get their copy
         # Retire the previous pass's iterator (its workers and feeder threads) before new workers are
         # forked (see lightning_resumable.readers.workers): 2 hangs in 11 runs of 3 epochs before, none in 22 after.
         if not holds_restored_iterator(self):  # else that iterator holds a restored state: keep it
@@ -218,75 +196,155 @@ class StreamLoader(RecordedLoader, StatefulDataLoader):  # type: ignore[misc]  #
     def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
         """Continue the next iteration from ``state``, ``batches`` batches into the epoch; ``next_batch``:
         the digest the first batch read must have (`first_batch` holds the outcome), ``""``: unknown."""
-        StatefulDataLoader.load_state_dict(self, dict(state))
-        self.record.resume(batches, next_batch=next_batch)
+        StatefulDataLoader.load_state_dict(self, copy.deepcopy(dict(state)))
+        # Kept as restored: asked for before the pass, torchdata's state_dict() would start the restored
+        # iterator (its workers) early, and the pass then read other batches (seen with 2 workers).
+        self.record.resume(batches, copy.deepcopy(dict(state)), next_batch)
 
-    def start_epoch(self, epoch: int) -> None:
-        """Make the next iteration a fresh pass of ``epoch`` (a resume after an epoch's last batch: Lightning
-        creates the iterator while its epoch counter still shows the finished epoch)."""
-        self._next_epoch = epoch
-
-
-def world_size_refusal(saved: StreamState) -> str | None:
-    """Why ``saved`` cannot resume on another world size (for the world-size policy); ``None``: it can,
-    its position being global (every rank restores rank 0's state, or a library partitions its count again)."""
-    if saved.global_position:
-        return None
-    if saved.reader == "torchdata":
+    def world_size_refusal(self, saved: StreamState) -> str | None:
+        """Why ``saved`` cannot resume on another world size: a stream's position is per rank, unless the
+        dataset declares it global (then every rank restores rank 0's state)."""
+        if saved.global_position:
+            return None
         return (
             "a stream's position is per rank (each rank reads its own shard), so it means other data on another"
             f" world size. Resume on {saved.world_size} processes, or give the dataset {GLOBAL_POSITION_ATTRIBUTE}"
             " = True if its state is the same on every rank"
         )
-    library = {"litdata": "LitData", "mosaic": "MosaicML Streaming"}.get(saved.reader, saved.reader)
-    return (
-        f"{library} restripes its stream on another layout itself, but this release does not resume {library}"
-        f" elastically yet. Resume on {saved.world_size} processes with num_workers={saved.num_workers}"
-    )
+
+    def state_for_rank(
+        self, saved: StreamState, rank: int, world_size: int, torchdata: str | None = None
+    ) -> Mapping[str, Any]:
+        """The loader state that ``rank`` of ``world_size`` restores (``torchdata``: the installed version).
+
+        Raises:
+            WorldSizeChangedError: another world size, and the dataset's position is per rank.
+            WorkerCountChangedError: another number of workers per process.
+            IncompatibleStateError: the state was written by a newer torchdata than the installed one.
+            StateFormatError: a rank's state is not a loader state of that number of workers.
+        """
+        refusal = self.world_size_refusal(saved)
+        if world_size != saved.world_size and refusal is not None:
+            raise WorldSizeChangedError(
+                f"the checkpoint's stream state was written on {saved.world_size} processes and resumes on"
+                f" {world_size}: {refusal}"
+            )
+        installed = torchdata_version() if torchdata is None else torchdata
+        if saved.torchdata and torchdata_release(installed) < torchdata_release(saved.torchdata):
+            raise IncompatibleStateError(
+                f"the checkpoint's stream state was written with torchdata {saved.torchdata} and resumes with"
+                f" torchdata {installed}: an older torchdata cannot read a newer one's StatefulDataLoader state."
+                f" Install torchdata>={saved.torchdata}"
+            )
+        if self.num_workers != saved.num_workers:
+            raise WorkerCountChangedError(
+                f"the checkpoint's stream state was written with num_workers={saved.num_workers} per process and"
+                f" resumes with num_workers={self.num_workers}: each worker reads its own slice of the stream, so"
+                f" the saved worker states mean other data. Resume with num_workers={saved.num_workers}"
+            )
+        for each, state in enumerate(saved.ranks):  # every rank checks them all
+            check_loader_state(state, saved.num_workers, each)
+        return saved.ranks[rank if world_size == saved.world_size else 0]
 
 
-def state_for_rank(
-    saved: StreamState, rank: int, world_size: int, num_workers: int, torchdata: str | None = None
-) -> dict[str, Any]:
-    """The loader state that ``rank`` of ``world_size`` restores (``torchdata``: the installed version);
-    the world size is the policy's to allow (`world_size_refusal`), the rest of the layout is checked here.
+def recognises(loader: object) -> bool:
+    """A torch loader over an ``IterableDataset``."""
+    return isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset)
+
+
+def build(loader: DataLoader[Any], options: BuildOptions, subclass: bool) -> Built:
+    """``loader`` as a `StreamLoader` (`make_stream_resumable`); a ``DataLoader`` subclass is refused.
 
     Raises:
-        WorldSizeChangedError: another world size where `world_size_refusal` refuses it, or (a data
-            library's state whose position is per rank) another number of workers per process.
-        WorkerCountChangedError: another number of workers per process.
-        IncompatibleStateError: the state was written by a newer torchdata than the installed one.
-        StateFormatError: a rank's state is not a loader state of that number of workers.
+        UnsupportedLoaderError: the loader cannot be made exactly resumable; the message says why.
     """
-    refusal = world_size_refusal(saved)
-    if world_size != saved.world_size and refusal is not None:
-        raise WorldSizeChangedError(
-            f"the checkpoint's stream state was written on {saved.world_size} processes and resumes on {world_size}:"
-            f" {refusal}"
+    if subclass:
+        raise UnsupportedLoaderError(
+            f"train_dataloader() returned a {type(loader).__name__} over a stream; return a DataLoader or"
+            " StatefulDataLoader over it"
         )
-    own_rank = rank if world_size == saved.world_size else 0
-    if saved.reader != "torchdata":  # a data library's loader's state: its own checks
-        # A library's global count (Mosaic's) is partitioned again on any number of workers (its loader
-        # checks that the global batch is the same); LitData's own elastic resume is not exact.
-        if refusal is not None and num_workers != saved.num_workers:
-            raise WorldSizeChangedError(
-                f"the checkpoint's stream state was written on {saved.world_size} processes with num_workers="
-                f"{saved.num_workers} and resumes on {world_size} with num_workers={num_workers}: {refusal}"
-            )
-        return saved.ranks[own_rank]
-    installed = torchdata_version() if torchdata is None else torchdata
-    if saved.torchdata and torchdata_release(installed) < torchdata_release(saved.torchdata):
-        raise IncompatibleStateError(
-            f"the checkpoint's stream state was written with torchdata {saved.torchdata} and resumes with"
-            f" torchdata {installed}: an older torchdata cannot read a newer one's StatefulDataLoader state."
-            f" Install torchdata>={saved.torchdata}"
+    made = make_stream_resumable(
+        loader,
+        seed=options.seed,
+        rank=options.rank,
+        seed_samples=options.seed_samples,
+        restore_globals=options.restore_globals,
+        epoch_source=options.epoch_source,
+        allow_inexact=options.allow_inexact_streams,
+    )
+    return Built(made, made)
+
+
+_STREAM_SETTINGS = tuple(name for name in TORCH_SETTINGS if name != "in_order")
+"""A stream loader's: ``in_order=False`` is refused, and torchdata 0.10's loader does not take it."""
+
+
+def make_stream_resumable(
+    loader: DataLoader[Any],
+    *,
+    seed: int,
+    rank: int,
+    seed_samples: bool,
+    restore_globals: bool,
+    epoch_source: Callable[[], int],
+    allow_inexact: bool = False,
+) -> StreamLoader:
+    """``loader`` (a ``DataLoader`` or ``StatefulDataLoader`` over a stateful ``IterableDataset``) as a
+    `StreamLoader` over a `SeededStream`, every other setting kept.
+
+    Raises:
+        UnsupportedLoaderError: the stream has no state, or the loader has persistent workers (they
+            keep the first epoch's copy of the stream) or ``in_order=False`` (its order is not
+            reproducible), or the stream is known not to resume exactly (a Hugging Face stream with
+            a shuffle buffer) and ``allow_inexact`` is not set.
+    """
+    dataset = loader.dataset
+    buffer = shuffle_buffer_size(dataset)
+    if buffer is not None and not allow_inexact:
+        raise UnsupportedLoaderError(
+            f"the train stream is a Hugging Face datasets.IterableDataset shuffled with a buffer of {buffer}"
+            " samples; datasets does not save that buffer, so a resume loses the buffered samples and reads"
+            " others (measured with buffer_size=16 on 2 ranks: 13 samples of the epoch lost, 5 read twice)."
+            " Shuffle exactly instead: a map-style datasets.Dataset with DataLoader(shuffle=True), which"
+            " this library resumes exactly; or keep the stream unshuffled. To train on it anyway, knowing"
+            " resumes are not exact: ResumableDataCallback(allow_inexact_streams=True)"
         )
-    if num_workers != saved.num_workers:
-        raise WorkerCountChangedError(
-            f"the checkpoint's stream state was written with num_workers={saved.num_workers} per process and"
-            f" resumes with num_workers={num_workers}: each worker reads its own slice of the stream, so the"
-            f" saved worker states mean other data. Resume with num_workers={saved.num_workers}"
+    if buffer is not None:
+        warnings.warn(
+            f"lightning_resumable: the train stream's shuffle buffer ({buffer} samples) is not saved: resuming"
+            " it is not exact (allow_inexact_streams=True)",
+            RuntimeWarning,
+            stacklevel=2,
         )
-    for each, state in enumerate(saved.ranks):  # every rank checks them all
-        check_loader_state(state, saved.num_workers, each)
-    return saved.ranks[own_rank]
+    if not (callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))):
+        raise UnsupportedLoaderError(
+            f"the train loader reads an IterableDataset ({type(dataset).__name__}) without state_dict/load_state_dict:"
+            " its position cannot be saved, and replaying it from the start would not be exact. Give it"
+            " state_dict()/load_state_dict() (torchdata's Stateful protocol), as Hugging Face's"
+            " datasets.IterableDataset has"
+        )
+    refuse_persistent_workers(
+        loader,
+        "a stream loader",
+        "each worker would keep its copy of the stream from the first epoch, so neither the epoch nor a"
+        " restored state would reach it",
+    )
+    if not getattr(loader, "in_order", True):
+        raise UnsupportedLoaderError(
+            "a stream loader with in_order=False has no reproducible order; pass in_order=True"
+        )
+    stream = SeededStream(
+        dataset,  # type: ignore[arg-type]
+        seed=seed,
+        rank=rank,
+        seed_globals=seed_samples,
+        restore_globals=restore_globals,
+    )
+    made = StreamLoader(
+        stream,
+        snapshot_every_n_steps=1,  # every worker's state with every batch: a restore replays nothing
+        epoch_source=epoch_source,
+        **forwarded_settings(loader, _STREAM_SETTINGS),
+    )
+    made.inexact = buffer is not None  # its resumes are not exact: not verified either
+    return made

@@ -1,0 +1,69 @@
+"""The train data an end-to-end scenario reads, one object per kind (``Scenario.data`` names it): what
+the harness knows of it (the batches of an epoch, its label, whether the library reads it through its
+own loader whichever loader class the user returned) and the sizes ``train.py`` builds it with
+(``train.py``'s ``TRAIN_LOADERS`` holds how each is built). No torch here: the harness imports it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+STREAM_SIZE = 48
+"""Samples of each stream: 8 shards of 6, so 2 ranks with 2 workers read 12 each."""
+COMBINED_SIZES = (38, 14)
+"""Samples of the two map-style loaders ``a`` and ``b`` of the ``combined`` and ``dict`` data (ids of
+``b`` start at 1000)."""
+
+
+@dataclass(frozen=True)
+class MapStyle:
+    """One map-style loader over ``scenario.dataset_size`` samples (the default)."""
+
+    name: str = "map"
+    own_loader: bool = False
+
+    def batches_per_epoch(self, scenario: Any) -> int:
+        per_rank = math.ceil(scenario.dataset_size / scenario.world_size)
+        return per_rank // scenario.batch_size if scenario.drop_last else math.ceil(per_rank / scenario.batch_size)
+
+    def label(self, scenario: Any) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Stream(MapStyle):
+    """A stream of `STREAM_SIZE` samples (``size_factor``: the streams it chains, each once, as a
+    multiple of one), sharded evenly over the ranks."""
+
+    size_factor: float = 1.0
+
+    def batches_per_epoch(self, scenario: Any) -> int:
+        return int(STREAM_SIZE * self.size_factor) // scenario.world_size // scenario.batch_size
+
+
+@dataclass(frozen=True)
+class Several(MapStyle):
+    """Two map-style loaders (`COMBINED_SIZES`) in a ``CombinedLoader`` of ``scenario.mode``, or a dict."""
+
+    def batches_per_epoch(self, scenario: Any) -> int:
+        lengths = [math.ceil(math.ceil(size / scenario.world_size) / scenario.batch_size) for size in COMBINED_SIZES]
+        return min(lengths) if scenario.mode == "min_size" else max(lengths)
+
+    def label(self, scenario: Any) -> str:
+        return f"{self.name}-{scenario.mode}" if self.name == "combined" else self.name
+
+
+SETUPS = {
+    setup.name: setup
+    for setup in (
+        MapStyle(),
+        Stream("stream", own_loader=True),
+        Stream("hf", own_loader=True),  # a Hugging Face IterableDataset
+        Stream("mosaic", own_loader=True),
+        Stream("litdata"),
+        Stream("litdata-combined", size_factor=1.5),  # the stream and a second one of half its size
+        Several("combined"),
+        Several("dict"),
+    )
+}
