@@ -5,9 +5,7 @@ replayed as the next epoch."""
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -35,12 +33,6 @@ def loader(chunks: Path, num_workers: int, epoch: list[int]) -> LitDataLoader:
     context = {"multiprocessing_context": "fork"} if num_workers else {}  # litdata.optimize sets spawn
     user = litdata.StreamingDataLoader(train.litdata_stream(chunks), batch_size=4, num_workers=num_workers, **context)
     return make_litdata_resumable(user, seed=3, epoch_source=lambda: epoch[0])
-
-
-def pass_of(batches: Any, count: int = BATCHES) -> list[list[Any]]:
-    """``count`` batches of a pass, as ids and augmentations; the pass is left unexhausted, as
-    Lightning leaves a sized loader's."""
-    return [[batch[0].tolist(), batch[1].tolist()] for batch in itertools.islice(batches, count)]
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
