@@ -24,9 +24,9 @@ from lightning_resumable.readers import map_style, streams
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.contract import pipeline
 from lightning_resumable.readers.libraries import adapters_for, refuse_unsupported
-from lightning_resumable.readers.streams import SeededStream, make_stream_resumable
+from lightning_resumable.readers.streams import SeededStream
 
-__all__ = ["BuildOptions", "Built", "build_resumable", "make_resumable", "make_stream_resumable"]
+__all__ = ["BuildOptions", "Built", "build_resumable", "make_resumable"]
 
 
 def make_resumable(loader: object, **options: Any) -> DataLoader[Any]:
