@@ -9,9 +9,11 @@ from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 from lightning_resumable.core.batches import ResumableBatchSampler
+from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.core.order import EpochOrder
 from lightning_resumable.core.randomness import SampleRng, SampleSeededDataset, sample_rng
 from lightning_resumable.core.sampler import ResumableSampler
+from lightning_resumable.core.schedule import WeightSchedule
 from lightning_resumable.errors import (
     ContractViolationError,
     DuplicateCallbackError,
@@ -20,6 +22,7 @@ from lightning_resumable.errors import (
     LateRestoreError,
     MissingCallbackError,
     MissingStateError,
+    MixtureError,
     NotInSampleFetchError,
     NoTrainerError,
     PartialAccumulationError,
@@ -65,6 +68,8 @@ __all__ = [
     "LateRestoreError",
     "MissingCallbackError",
     "MissingStateError",
+    "Mixture",
+    "MixtureError",
     "NoTrainerError",
     "NotInSampleFetchError",
     "PartialAccumulationError",
@@ -82,6 +87,7 @@ __all__ = [
     "StreamPositionError",
     "UnfingerprintableBatchError",
     "UnsupportedLoaderError",
+    "WeightSchedule",
     "WorkerCountChangedError",
     "WorldSizeChangedError",
     "sample_rng",

@@ -14,6 +14,7 @@ __all__ = [
     "LateRestoreError",
     "MissingCallbackError",
     "MissingStateError",
+    "MixtureError",
     "NoTrainerError",
     "NotInSampleFetchError",
     "PartialAccumulationError",
@@ -133,3 +134,8 @@ class PendingRestoreError(ResumeError):
     ``setup_dataloaders`` does this on every pass (``set_epoch`` with its count of passes, 0 in a new
     process): restore a Fabric loader with `lightning_resumable.lightning.fabric.restore_loader`.
     """
+
+
+class MixtureError(ResumeError):
+    """A `Mixture` or its weights are malformed: a weight that is not a finite non-negative number, none
+    positive, a weight for a source the mixture does not hold, a schedule that does not start at 0."""

@@ -40,6 +40,7 @@ class Domain(IntEnum):
     EXPLICIT_NUMPY = 0xD1B54A32D192ED03  # a sample's explicit NumPy generator
     VALIDATION = 0x56414C4944  # "VALID": a validation sample's seed from (seed, loader, index)
     HELD = 0x48454C44  # "HELD": a generator a dataset holds, from (sample seed, its path)
+    MIXTURE = 0x4D4958  # "MIX": a mixture source's pass order, from (seed, the source's name, pass)
 
 
 def check_version(version: object) -> int:
@@ -119,3 +120,8 @@ def repeated_round_seed(seed: int, round_index: int) -> int:
 def batch_epoch_seed(seed: int, epoch: int) -> int:
     """The seed of a batch sampler's generator for ``epoch`` (its own form: the seed is not pre-mixed)."""
     return splitmix64(splitmix64(seed ^ Domain.BATCH) ^ epoch) >> 1
+
+
+def mixture_pass_seed(seed: int, source_key: int, pass_index: int) -> int:
+    """The seed of pass ``pass_index`` over a mixture's source (``source_key``: its name's 64-bit digest)."""
+    return domain_key(seed, Domain.MIXTURE, source_key, pass_index) >> 1

@@ -11,7 +11,7 @@ from lightning_resumable.errors import StateFormatError
 
 __all__ = ["DIGEST_HEX", "Kind", "is_digest", "mapping_of", "require_keys"]
 
-Kind = Literal["loader", "loaders", "stream", "unresumable"]
+Kind = Literal["loader", "loaders", "stream", "mixture", "unresumable"]
 """The kinds of train input a checkpoint's state is of; each state class names its own."""
 
 DIGEST_HEX = 16

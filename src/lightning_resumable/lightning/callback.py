@@ -35,7 +35,6 @@ from lightning_resumable.internals._lightning import (
     silence_not_resumable_warning,
     validation_resumes_from_its_start,
 )
-from lightning_resumable.lightning.owners import AnyOwner
 from lightning_resumable.lightning.progress import (
     BatchCount,
     SavePoint,
@@ -43,6 +42,7 @@ from lightning_resumable.lightning.progress import (
     refuse_partial_accumulation,
 )
 from lightning_resumable.lightning.signals import HeldPreemption
+from lightning_resumable.lightning.train_input import TrainOwner
 from lightning_resumable.lightning.world_size import check_world_size
 
 __all__ = ["ResumableDataCallback"]
@@ -114,7 +114,7 @@ class ResumableDataCallback(pl.Callback):
         self.allow_inexact_streams = allow_inexact_streams
         self._audit: AuditLog | None = None
         self._trainer: pl.Trainer | None = None
-        self._owner: AnyOwner | None = None  # built with the loaders by train_dataloader()
+        self._owner: TrainOwner | None = None  # built with the loaders by train_dataloader()
         self._pending: Body | None = None  # a restored state not yet applied to a loader
         self._seed: int | None = None
         self._batches = BatchCount()
@@ -146,19 +146,22 @@ class ResumableDataCallback(pl.Callback):
                 self._seed = int(trainer.strategy.broadcast(drawn, src=0))
         return self._seed
 
-    def take(self, owner: AnyOwner, current_epoch: int) -> None:
+    def take(self, owner: TrainOwner, current_epoch: int) -> None:
         """Take ownership of the train input's position (`lightning_resumable.lightning.train_input` built ``owner``)
         before its loaders are iterated: apply a restored state once, or else select the trainer's current
         epoch (a loader reloaded mid-run may be iterated, with prefetching workers, before Lightning's
         ``set_epoch``)."""
-        if self._owner is not None:  # a reload: the last loader's workers end before the new ones fork
-            self._owner.retire_workers()
-        self._owner, restored, self._pending = owner, self._pending, None
+        previous, self._owner, restored, self._pending = self._owner, owner, self._pending, None
+        verify = self.verify
+        if previous is not None:  # a reload: the last loader's workers end before the new ones fork
+            previous.retire_workers()
+            if restored is None:  # its stream continues, where it is not a pure function of the epoch
+                restored, verify = previous.carried(current_epoch), False
         if restored is None:
             owner.start_fresh(current_epoch)
             return
         owner.restore_saved(
-            restored, current_epoch, self.verify, functools.partial(check_world_size, self.allow_world_size_change)
+            restored, current_epoch, verify, functools.partial(check_world_size, self.allow_world_size_change)
         )
         self._seed = restored.seed
 
@@ -325,7 +328,7 @@ def refuse_missing_state(checkpoint: dict[str, Any], state_key: str) -> None:
 
 
 def envelope_at(
-    owner: AnyOwner, trainer: pl.Trainer, seed: int, batches: int, collective: bool, verify: bool
+    owner: TrainOwner, trainer: pl.Trainer, seed: int, batches: int, collective: bool, verify: bool
 ) -> dict[str, Any]:
     """The envelope of ``owner``'s state after ``batches`` batches of the trainer's epoch."""
     complete = batches >= trainer.num_training_batches

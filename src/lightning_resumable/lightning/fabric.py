@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lightning_resumable.core.mixture_sampler import MixtureSampler
 from lightning_resumable.core.sampler import ResumableSampler
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.internals._lightning import set_fabric_pass_count
@@ -36,6 +37,12 @@ __all__ = ["loader_state", "restore_loader"]
 
 def _sampler_of(loader: object) -> ResumableSampler:
     for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if isinstance(sampler, MixtureSampler):
+            raise UnsupportedLoaderError(
+                "a Mixture's loader resumes with ResumableDataCallback under a Lightning Trainer; its state (each"
+                " source's pass and the weights in force) is not a sampler's state_dict, so this Fabric helper"
+                " would lose it"
+            )
         if isinstance(sampler, ResumableSampler):
             return sampler
     raise UnsupportedLoaderError(

@@ -29,6 +29,7 @@ from lightning_resumable.format.envelope import (
     Envelope,
     LoadersState,
     LoaderState,
+    MixtureState,
     PartialAccumulation,
     StreamState,
     Unresumable,
@@ -43,13 +44,7 @@ from lightning_resumable.readers.base import StreamReader
 from lightning_resumable.readers.contract import check_contract
 from lightning_resumable.readers.workers import retire_previous
 
-__all__ = [
-    "AnyOwner",
-    "LoaderOwner",
-    "LoadersOwner",
-    "Owner",
-    "StreamOwner",
-]
+__all__ = ["AnyOwner", "LoaderOwner", "LoadersOwner", "Owner", "StreamOwner"]
 
 SEVERAL_SAME_SIZE = "several train loaders resume on the same world size only"
 STREAM_OFF_PATH = (
@@ -60,7 +55,7 @@ STREAM_OFF_PATH = (
 )
 
 
-S = TypeVar("S", LoaderState, LoadersState, StreamState)
+S = TypeVar("S", LoaderState, LoadersState, StreamState, MixtureState)
 
 
 class Owner(ABC, Generic[S]):
@@ -84,6 +79,10 @@ class Owner(ABC, Generic[S]):
     @abstractmethod
     def start_fresh(self, epoch: int) -> None:
         """No state to restore: select ``epoch`` before the loaders are iterated."""
+
+    def carried(self, epoch: int) -> S | None:
+        """What a loader built again at ``epoch`` within the run restores (``None``: a fresh start is the same)."""
+        return None
 
     @abstractmethod
     def save(self, at: SavePoint) -> S | Unresumable:

@@ -12,12 +12,17 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_resumable.core.batches import ResumableBatchSampler
+from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.lightning.combined import key_seed, split_train_loaders
+from lightning_resumable.lightning.mixture_owner import MixtureOwner
 from lightning_resumable.lightning.owners import AnyOwner, LoaderOwner, LoadersOwner, StreamOwner
 from lightning_resumable.readers.build import BuildOptions, Built, build_resumable
 
-__all__ = ["build_train_input"]
+__all__ = ["TrainOwner", "build_train_input"]
+
+TrainOwner = AnyOwner | MixtureOwner
+"""The owner of any kind of train input."""
 
 
 def build_train_input(
@@ -28,7 +33,7 @@ def build_train_input(
     seed_samples: bool,
     seed_steps: bool,
     allow_inexact_streams: bool,
-) -> tuple[AnyOwner, object]:
+) -> tuple[TrainOwner, object]:
     """The owner of ``returned``'s position, and what the trainer iterates instead of ``returned``.
 
     ``seed``: the run's shuffle seed (each of several loaders gets one of its own, from it and its key);
@@ -59,6 +64,8 @@ def build_train_input(
         one = built(returned, seed)
         if one.stream is not None:
             return StreamOwner(one.stream, trainer.global_rank, trainer.world_size), one.loader
+        if one.mixture is not None:
+            return MixtureOwner(one.loader), one.loader
         return LoaderOwner(one.loader), one.loader
     loaders, mode, rebuild = several
     for key, each in loaders.items():
@@ -68,7 +75,13 @@ def build_train_input(
 
 
 def _refuse_among_several(key: str, loader: object) -> None:
-    """What several train loaders cannot hold yet: a stream, or a batch sampler (whose epochs may differ in length)."""
+    """What several train loaders cannot hold yet: a stream, a mixture, or a batch sampler (whose epochs may
+    differ in length)."""
+    if isinstance(loader, DataLoader) and isinstance(loader.dataset, Mixture):
+        raise UnsupportedLoaderError(
+            f"the train loader {key!r} reads a Mixture; a Mixture is supported as the only train loader: put every"
+            " source in it"
+        )
     if isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset):
         raise UnsupportedLoaderError(
             f"the train loader {key!r} reads a stream (an IterableDataset); a stream is supported as the only train"

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol
 
 from torch.utils.data import DataLoader
 
+from lightning_resumable.core.mixture_sampler import MixtureSampler
 from lightning_resumable.errors import WorldSizeChangedError
 from lightning_resumable.format.stream_state import StreamState
 from lightning_resumable.readers.recording import PassRecord
@@ -159,10 +160,12 @@ class StreamReader:
 @dataclass(frozen=True)
 class Built:
     """A resumable train loader and the kind it was built as: ``stream`` is the loader itself when it
-    reads a stream (a `StreamReader`), ``None`` for a map-style loader with a `ResumableSampler`."""
+    reads a stream (a `StreamReader`), ``mixture`` its sampler when it reads a `Mixture`; neither for a
+    map-style loader with a `ResumableSampler`."""
 
     loader: DataLoader[Any]
     stream: StreamReader | None = None
+    mixture: MixtureSampler | None = None
 
 
 class Adapter(Protocol):

@@ -3,7 +3,8 @@
 A loader this function built already is returned as it is; a data library's loader (or a torch loader
 over its dataset) goes to its adapter (`lightning_resumable.readers.libraries` lists them); an object
 of a data library anywhere else in the loader is refused, naming the way that works; then a torch
-loader over a stream goes to `lightning_resumable.readers.streams`, one over a map-style dataset to
+loader over a `Mixture` goes to `lightning_resumable.readers.mixture`, one over a stream to
+`lightning_resumable.readers.streams`, one over a map-style dataset to
 `lightning_resumable.readers.map_style`.
 
 A ``StatefulDataLoader`` is rebuilt as a plain ``DataLoader``: the callback owns the position, so
@@ -20,7 +21,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable.core.randomness import SampleSeededDataset
 from lightning_resumable.errors import UnsupportedLoaderError
-from lightning_resumable.readers import map_style, streams
+from lightning_resumable.readers import map_style, mixture, streams
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.contract import pipeline
 from lightning_resumable.readers.libraries import adapters_for, refuse_unsupported
@@ -64,6 +65,8 @@ def build_resumable(loader: object, options: BuildOptions) -> Built:
             " be a second owner of the stream's position, restored by Lightning as well; return a DataLoader or"
             " StatefulDataLoader (rebuilt as a DataLoader, whose position the callback owns)"
         )
+    if mixture.recognises(loader):
+        return mixture.build(loader, options, subclass)
     if streams.recognises(loader):
         return streams.build(loader, options, subclass)
     return map_style.build(loader, options, subclass)

@@ -42,7 +42,7 @@ from lightning_resumable.readers.base import BuildOptions, Built
 from lightning_resumable.readers.settings import TORCH_SETTINGS, forwarded_settings
 from lightning_resumable.readers.workers import WorkerSafeDataLoader, worker_safe
 
-__all__ = ["build", "recognises"]
+__all__ = ["build", "rebuilt_loader", "recognises"]
 
 
 def recognises(loader: object) -> bool:
@@ -98,7 +98,7 @@ def build(loader: DataLoader[Any], options: BuildOptions, subclass: bool) -> Bui
                 f"train_dataloader() returned a {type(loader).__name__}, a DataLoader subclass that Lightning"
                 f" cannot build again with another sampler: {error}"
             ) from error
-    return Built(_rebuilt(loader, seeded, sampler, batch_size=loader.batch_size, collate_fn=loader.collate_fn))
+    return Built(rebuilt_loader(loader, seeded, sampler, batch_size=loader.batch_size, collate_fn=loader.collate_fn))
 
 
 def _draws_of(sampler: object, dataset_size: int) -> Draws:
@@ -159,10 +159,10 @@ def _batch_stream_loader(
         restore_globals=options.restore_globals,
         collate_fn=loader.collate_fn,
     )
-    return _rebuilt(loader, seeded, sampler, batch_size=None, collate_fn=_already_collated)
+    return rebuilt_loader(loader, seeded, sampler, batch_size=None, collate_fn=_already_collated)
 
 
-def _rebuilt(
+def rebuilt_loader(
     loader: DataLoader[Any],
     dataset: SampleSeededDataset[Any],
     sampler: ResumableSampler,

@@ -1,0 +1,274 @@
+"""A mixture of named map-style sources, and its stream as a pure function of the stream position.
+
+Promise: the mixture's stream is one sequence of positions (samples of all ranks together, across
+epochs). Position ``p`` belongs to a `Segment` (a stretch with constant weights, from a weight
+change on); the segment's `Interleave` names the source at ``p`` and how many samples that source
+gave before it, so the draw is computed, never replayed. A source's draws run through passes: the
+``c``-th draw of a source of ``size`` samples is element ``c % size`` of pass ``c // size``, a
+permutation keyed by (seed, the source's name, pass), so within a pass no sample repeats and none is
+skipped, whatever the weights did meanwhile, and a source that runs out starts a fresh pass.
+
+At a weight change the interleave starts afresh from the change: its bounds hold within each
+segment, so a window across a change keeps each part's (`lightning_resumable.core.interleave`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from lightning_resumable.core.interleave import Interleave, interleave, realised_parts
+from lightning_resumable.core.order import MAX_SIZE, EpochOrder
+from lightning_resumable.core.schedule import StepClock, Weights, WeightSchedule
+from lightning_resumable.errors import MixtureError
+from lightning_resumable.format._keys import mixture_pass_seed
+
+__all__ = ["Mixture", "MixtureStream", "Segment", "realise"]
+
+
+def source_key(name: str) -> int:
+    """A source's 64-bit key: its pass orders depend on its name only, not on the other sources."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of the stream with constant weights, from stream position ``start`` on.
+
+    Attributes:
+        start: the stream position of the segment's first sample.
+        period: the interleave's period (the denominator of the realised weights).
+        parts: ``(name, parts of the period)`` of each source drawn, by name.
+        counts: ``(name, samples given before start)`` of every source known, by name (a source no
+            longer drawn, or removed, keeps its count: brought back, it continues its pass).
+    """
+
+    start: int
+    period: int
+    parts: tuple[tuple[str, int], ...]
+    counts: tuple[tuple[str, int], ...]
+
+    @property
+    def table(self) -> Interleave:
+        return interleave(tuple(part for _, part in self.parts))
+
+    def weights(self) -> dict[str, Fraction]:
+        """The realised weight of each source drawn."""
+        return {name: Fraction(part, self.period) for name, part in self.parts}
+
+    def counts_at(self, position: int) -> dict[str, int]:
+        """Every known source's count before stream ``position`` (at or after ``start``)."""
+        counts = dict(self.counts)
+        for (name, _), drawn in zip(self.parts, self.table.counts(position - self.start), strict=True):
+            counts[name] = counts.get(name, 0) + drawn
+        return counts
+
+    def same_weights(self, parts: tuple[tuple[str, int], ...], period: int) -> bool:
+        return self.parts == parts and self.period == period
+
+
+def realise(weights: Weights, sources: Sequence[str], where: str) -> tuple[tuple[tuple[str, int], ...], int]:
+    """``weights`` as a segment's parts (the sources drawn, by name) and period.
+
+    Raises:
+        MixtureError: a weight for a source the mixture does not hold, a source without a weight, or a
+            weight that is not a finite non-negative number.
+    """
+    if not isinstance(weights, Mapping):
+        raise MixtureError(f"the weights {where} must be a mapping from source names to numbers, got {weights!r:.80}")
+    unknown, missing = sorted(set(weights) - set(sources)), sorted(set(sources) - set(weights))
+    if unknown or missing:
+        raise MixtureError(
+            f"the weights {where} name sources {sorted(weights)} but the mixture holds {sorted(sources)}:"
+            f" {'unknown ' + str(unknown) if unknown else ''}{'; ' if unknown and missing else ''}"
+            f"{'no weight for ' + str(missing) + ' (give 0 to leave a source out)' if missing else ''}"
+        )
+    names = sorted(sources)
+    parts, period = realised_parts([(name, weights[name]) for name in names])
+    return tuple((name, part) for name, part in zip(names, parts, strict=True) if part > 0), period
+
+
+@dataclass
+class MixtureStream:
+    """The stream from ``first`` on: its segment, then the schedule's changes after ``changes_after``.
+
+    Args:
+        names, sizes: the mixture's sources in its order (a draw's index is its source's offset in
+            that order plus its index in the source).
+        seed: the run's seed; shuffle: each pass in a permuted order (else in the source's order).
+        first: the segment in force at ``changes_after`` (the run's start, or a resume's).
+        schedule, clock: where the weights change later (``None``: never), and at which stream positions.
+    """
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    seed: int
+    shuffle: bool
+    first: Segment
+    schedule: WeightSchedule | None
+    clock: StepClock
+    changes_after: int
+    segments: list[Segment] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.segments = [self.first]
+        self.offsets = [0]
+        for size in self.sizes[:-1]:
+            self.offsets.append(self.offsets[-1] + size)
+        self._source_ids = {name: index for index, name in enumerate(self.names)}
+        self._changes: Iterator[tuple[int, Weights]] = iter(())
+        if self.schedule is not None:
+            after = self.clock.point_at(self.changes_after, self.schedule.unit)
+            self._changes = iter(self.schedule.changes_after(after))
+        self._next: tuple[int, Weights, int] | None = None  # (position, weights, point) of the next change
+        self._advance()
+
+    def _advance(self) -> None:
+        found = next(self._changes, None)
+        if found is None or self.schedule is None:
+            self._next = None
+            return
+        point, weights = found
+        self._next = (self.clock.position_of(point, self.schedule.unit), weights, point)
+
+    def extend_to(self, position: int) -> None:
+        """Know every segment that starts at or before ``position``."""
+        while self._next is not None and self._next[0] <= position:
+            start, weights, point = self._next
+            assert self.schedule is not None
+            parts, period = realise(weights, self.names, f"at {self.schedule.unit[:-1]} {point}")
+            last = self.segments[-1]
+            if not last.same_weights(parts, period):
+                counts = tuple(sorted(last.counts_at(start).items()))
+                self.segments.append(Segment(start, period, parts, counts))
+            self._advance()
+
+    def segment_at(self, position: int) -> Segment:
+        """The segment in force at ``position``."""
+        self.extend_to(position)
+        return self.segments[bisect.bisect_right([each.start for each in self.segments], position) - 1]
+
+    def draws(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The source (its place in ``names``) of each stream position, and that source's count before it."""
+        if positions.numel() == 0:
+            return positions.clone(), positions.clone()
+        if int(positions.min()) < self.first.start:
+            raise ValueError(f"stream positions before {self.first.start} are not this stream's")
+        self.extend_to(int(positions.max()))
+        starts = torch.tensor([each.start for each in self.segments], dtype=torch.int64)
+        where = torch.searchsorted(starts, positions, right=True) - 1
+        sources, counts = torch.empty_like(positions), torch.empty_like(positions)
+        for number in torch.unique(where).tolist():
+            segment, chosen = self.segments[number], where == number
+            local, before = segment.table.at(positions[chosen] - segment.start)
+            ids = torch.tensor([self._source_ids[name] for name, _ in segment.parts], dtype=torch.int64)
+            base = dict(segment.counts)
+            bases = torch.tensor([base.get(name, 0) for name, _ in segment.parts], dtype=torch.int64)
+            sources[chosen], counts[chosen] = ids[local], bases[local] + before
+        return sources, counts
+
+    def indices(self, positions: torch.Tensor) -> torch.Tensor:
+        """The mixture's index (source offset plus index in the source) at each stream position."""
+        sources, counts = self.draws(positions)
+        sizes = torch.tensor(self.sizes, dtype=torch.int64)[sources]
+        passes = torch.div(counts, sizes, rounding_mode="floor")
+        within = counts - passes * sizes
+        indices = torch.empty_like(positions)
+        for source, pass_index in torch.unique(torch.stack([sources, passes], dim=1), dim=0).tolist():
+            chosen = (sources == source) & (passes == pass_index)
+            indices[chosen] = self.offsets[source] + self.pass_order(source, pass_index)(within[chosen])
+        return indices
+
+    def pass_order(self, source: int, pass_index: int) -> EpochOrder:
+        """The order of pass ``pass_index`` over source ``source``: a pure function of seed, name and pass."""
+        seed = mixture_pass_seed(self.seed, source_key(self.names[source]), pass_index)
+        return EpochOrder(self.sizes[source], seed, 0, self.shuffle)
+
+
+class Mixture(Dataset[Any]):
+    """A mixture of named map-style datasets: each read without replacement, pass after pass, the
+    sources interleaved so that every window of the stream holds them in proportion to their weights.
+
+    Return it in a ``DataLoader`` from ``train_dataloader()`` as any dataset (the loader's sampler is
+    the mixture's own; leave ``shuffle`` and ``sampler`` unset). With ``ResumableDataCallback`` a resume
+    continues every source's pass exactly, on any number of processes and workers; the weights may
+    follow a `WeightSchedule` or change at a resume, which then equals a run whose schedule changed
+    there. A source may be added at a resume (it starts its first pass) or removed (its position is
+    kept, to continue if it comes back); a source whose size changed is refused, by name.
+
+    Args:
+        sources: the datasets by name (each sized and indexable).
+        weights: a weight per source name (ratios count: ``{"web": 3, "code": 1}`` is 0.75/0.25), or a
+            `WeightSchedule`. A weight of 0 leaves a source out.
+        samples_per_epoch: samples (all ranks together) an epoch holds, rounded up to whole global
+            batches; ``None``: the checkpoint's on a resume, else the sources' sizes added up.
+        shuffle: read each pass of a source in a permuted order (else in the source's own order).
+
+    Raises:
+        MixtureError: no source, a source that is empty or not sized, malformed weights.
+
+    Example:
+        ```python
+        mixture = Mixture({"web": web, "code": code}, {"web": 0.7, "code": 0.3})
+        return DataLoader(mixture, batch_size=32, num_workers=4)
+        ```
+    """
+
+    def __init__(
+        self,
+        sources: Mapping[str, Dataset[Any]],
+        weights: Weights | WeightSchedule,
+        *,
+        samples_per_epoch: int | None = None,
+        shuffle: bool = True,
+    ) -> None:
+        if not isinstance(sources, Mapping) or not sources:
+            raise MixtureError(f"a Mixture needs its sources as a non-empty mapping by name, got {sources!r:.80}")
+        sizes = []
+        for name, dataset in sources.items():
+            if not isinstance(name, str) or not name:
+                raise MixtureError(f"a source's name must be a non-empty string, got {name!r}")
+            try:
+                size = len(dataset)  # type: ignore[arg-type]
+            except TypeError:
+                raise MixtureError(f"the source {name!r} ({type(dataset).__name__}) has no length") from None
+            if not 1 <= size <= MAX_SIZE:
+                raise MixtureError(f"the source {name!r} must hold 1 to 2**40 samples, got {size}")
+            sizes.append(size)
+        if samples_per_epoch is not None and (type(samples_per_epoch) is not int or samples_per_epoch < 1):
+            raise MixtureError(f"samples_per_epoch must be a positive int or None, got {samples_per_epoch!r}")
+        self.sources = dict(sources)
+        self.names, self.sizes = tuple(self.sources), tuple(sizes)
+        self.schedule = weights if isinstance(weights, WeightSchedule) else WeightSchedule.constant(weights)
+        unknown = self.schedule.names() - set(self.names)
+        if unknown:
+            raise MixtureError(f"the schedule gives weights for {sorted(unknown)}, which the mixture does not hold")
+        realise(self.schedule.weights_at(0), self.names, "at the start")  # refused now, not at the first batch
+        self.samples_per_epoch = samples_per_epoch
+        self.shuffle = shuffle
+        self.offsets = [0]
+        for size in self.sizes[:-1]:
+            self.offsets.append(self.offsets[-1] + size)
+
+    def __len__(self) -> int:
+        """The samples of an epoch (all ranks together), before rounding to whole global batches."""
+        return self.samples_per_epoch if self.samples_per_epoch is not None else sum(self.sizes)
+
+    def __getitem__(self, index: int) -> Any:
+        """The sample at the mixture's ``index``: its source's offset plus the index in the source."""
+        name, within = self.locate(int(index))
+        return self.sources[name][within]
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """The source and the index in it of the mixture's ``index``."""
+        if not 0 <= index < sum(self.sizes):
+            raise IndexError(f"index {index} is outside the mixture's {sum(self.sizes)} samples")
+        source = bisect.bisect_right(self.offsets, index) - 1
+        return self.names[source], index - self.offsets[source]

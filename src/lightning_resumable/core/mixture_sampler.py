@@ -1,0 +1,139 @@
+"""The sampler of a `Mixture`: a `ResumableSampler` over the mixture's stream.
+
+Promise: an epoch is a stretch of the stream that holds whole global batches (``samples_per_epoch``
+rounded up to a multiple of ``batch_size * world_size``, from where the epoch's world size took
+over), so no rank is padded and no sample is dropped: the stream is trained position after
+position, each once, across epochs, resumes and world sizes. Each sample's seed is keyed by its
+stream position, so a sample's augmentation is the same in any run that trains that position.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lightning_resumable.core.draws import Draws
+from lightning_resumable.core.mixture import Mixture, MixtureStream, Segment, realise
+from lightning_resumable.core.randomness import sample_seeds
+from lightning_resumable.core.sampler import ResumableSampler
+from lightning_resumable.core.schedule import StepClock
+from lightning_resumable.format.state import DataState
+
+__all__ = ["MIXTURE_DRAWS", "MixtureSampler"]
+
+MIXTURE_DRAWS = "mixture"
+"""What a mixture's `DataState` records as its draws (the sources and weights are the mixture record's)."""
+
+
+class _MixtureDraws(Draws):
+    """The mixture's epochs as `ResumableSampler` sees them: ``samples_per_epoch`` positions each."""
+
+    def __init__(self, samples_per_epoch: int) -> None:
+        self.length = self.dataset_size = samples_per_epoch
+
+    def describe(self) -> str:
+        return MIXTURE_DRAWS
+
+
+def whole_batches(samples: int, global_batch: int) -> int:
+    """``samples`` rounded up to whole global batches."""
+    return -(-max(0, samples) // global_batch) * global_batch
+
+
+class MixtureSampler(ResumableSampler):
+    """Exactly resumable sampler of a `Mixture`'s stream, split across ranks as ``DistributedSampler`` splits.
+
+    Args:
+        mixture: the mixture (its ``len`` is ``samples_per_epoch``).
+        num_replicas, rank, seed, batch_size, sample_keys: as `ResumableSampler`'s.
+    """
+
+    def __init__(
+        self,
+        mixture: Mixture,
+        num_replicas: int,
+        rank: int,
+        seed: int,
+        batch_size: int,
+        sample_keys: bool = True,
+    ) -> None:
+        draws = _MixtureDraws(len(mixture))
+        super().__init__(mixture, num_replicas, rank, mixture.shuffle, seed, False, batch_size, draws, sample_keys)
+        self.shuffle = mixture.shuffle
+        self.mixture = mixture
+        self._epoch_origin = (0, 0)  # (epoch, stream position of its first sample)
+        parts, period = realise(mixture.schedule.weights_at(0), mixture.names, "at the start")
+        first = Segment(0, period, parts, tuple((name, 0) for name in sorted(mixture.names)))
+        self.stream = self.make_stream(first, StepClock(0, 0, self.global_batch), 0)
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.num_replicas
+
+    def make_stream(
+        self, first: Segment, clock: StepClock, changes_after: int, scheduled: bool = True
+    ) -> MixtureStream:
+        """The stream from ``first`` on, changing as the mixture's schedule says after ``changes_after``
+        (``scheduled=False``: never, as a resume's first batch is verified)."""
+        mixture = self.mixture
+        schedule = mixture.schedule if scheduled else None
+        return MixtureStream(
+            mixture.names, mixture.sizes, self.seed, mixture.shuffle, first, schedule, clock, changes_after
+        )
+
+    def set_samples_per_epoch(self, samples: int) -> None:
+        """The nominal length of an epoch (a resume keeps the checkpoint's)."""
+        self.draws = _MixtureDraws(samples)
+        self.dataset_size = samples
+
+    def start_at(self, epoch: int, epoch_start: int, stream: MixtureStream) -> None:
+        """Read ``stream``, ``epoch`` beginning at stream position ``epoch_start`` (before a restore into it)."""
+        self.stream, self.epoch, self._epoch_origin = stream, epoch, (epoch, epoch_start)
+
+    # ------------------------------------------------------------------------------- epochs
+    @property
+    def stream_length(self) -> int:
+        """Positions in the current epoch: whole global batches from where its world size took over."""
+        anchor = self._anchor[0] or 0
+        return anchor + whole_batches(self.draws.length - anchor, self.global_batch)
+
+    def epoch_start(self, epoch: int) -> int:
+        """The stream position of ``epoch``'s first sample (the current epoch, or a later one)."""
+        current, start = self._epoch_origin
+        if epoch < current:
+            raise ValueError(f"epoch {epoch} lies before the mixture's current epoch {current}")
+        if epoch == current:
+            return start
+        return start + self.stream_length + (epoch - current - 1) * whole_batches(self.draws.length, self.global_batch)
+
+    def set_epoch(self, epoch: int) -> None:
+        start = self.epoch_start(epoch) if epoch >= self._epoch_origin[0] else None
+        super().set_epoch(epoch)
+        if start is None:  # a run started at a later epoch without a state: as an uninterrupted one would be
+            start = epoch * whole_batches(self.draws.length, self.global_batch)
+        self._epoch_origin = (epoch, start)
+
+    def restore(self, saved: DataState) -> None:
+        start = self.epoch_start(saved.epoch)
+        super().restore(saved)
+        if self.epoch == saved.epoch:
+            self._epoch_origin = (saved.epoch, start)
+        else:  # a complete epoch restored into a loop that began the next one
+            self._epoch_origin = (self.epoch, start + (saved.stream_length or 0))
+
+    def state_at_start(self, epoch: int, cycle: int) -> DataState:
+        return self.data_state().at_start(epoch, cycle, whole_batches(self.draws.length, self.global_batch))
+
+    # ---------------------------------------------------------------------------- the stream
+    def stream_position(self, position: int) -> int:
+        """The stream position of ``position`` of the current epoch."""
+        return self.epoch_start(self.epoch) + position
+
+    def _chunk_between(self, start: int, stop: int) -> list[Any]:
+        positions = torch.arange(start, stop, self.num_replicas) + self.epoch_start(self.epoch)
+        indices = self.stream.indices(positions).tolist()
+        if not self.sample_keys:
+            return list(indices)
+        seeds = sample_seeds(self.seed, 0, positions).tolist()  # keyed by the stream position, not the epoch's
+        return list(zip(indices, seeds, strict=True))

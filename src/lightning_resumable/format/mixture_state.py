@@ -1,0 +1,124 @@
+"""A mixture's persisted state: its loader's, and where each source and the weights stand.
+
+Promise: beside the loader's `DataState` (whose position counts the epoch's samples), a
+`MixtureRecord` holds the true state of the mixture's stream at the save: the stream position of
+the epoch's first sample, the training steps trained before the save (where a schedule by steps
+resumes), the segment in force (since which stream position, with which realised weights, and every
+source's count at its start), and the size of every source known, removed ones included. Plain ints
+and strings only; nothing derived from the world size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, ClassVar
+
+from lightning_resumable.errors import StateFormatError
+from lightning_resumable.format._parsing import Kind, mapping_of, require_keys
+from lightning_resumable.format.loader_state import LoaderState
+
+__all__ = ["MIXTURE", "MixtureRecord", "MixtureState"]
+
+MIXTURE = "mixture"
+
+
+def _counts(raw: object, what: str, positive: bool = False) -> dict[str, int]:
+    values = mapping_of(raw, what)
+    if not all(type(value) is int and (value > 0 if positive else value >= 0) for value in values.values()):
+        kind = "positive" if positive else "non-negative"
+        raise StateFormatError(f"{what} must map source names to {kind} ints: {dict(values)!r:.200}")
+    return dict(values)
+
+
+@dataclass(frozen=True)
+class MixtureRecord:
+    """Where a mixture's stream stands at a save.
+
+    Attributes:
+        epoch_start: the stream position of the saved epoch's first sample.
+        steps: training steps trained before the save (a schedule by steps counts from here on).
+        segment_start: the stream position where the weights in force took effect.
+        period, parts: the realised weights in force, ``parts[name] / period`` (sources drawn only).
+        counts: every known source's samples given before ``segment_start``.
+        sizes: every known source's size, a removed one's too.
+    """
+
+    epoch_start: int
+    steps: int
+    segment_start: int
+    period: int
+    parts: dict[str, int]
+    counts: dict[str, int]
+    sizes: dict[str, int]
+
+    def weights(self) -> dict[str, Fraction]:
+        return {name: Fraction(part, self.period) for name, part in self.parts.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "epoch_start": self.epoch_start,
+            "steps": self.steps,
+            "segment": {"start": self.segment_start, "period": self.period, "parts": dict(self.parts)},
+            "counts": dict(self.counts),
+            "sizes": dict(self.sizes),
+        }
+
+    @classmethod
+    def from_dict(cls, raw: object) -> MixtureRecord:
+        raw = mapping_of(raw, "a mixture's record")
+        require_keys(raw, {"epoch_start", "steps", "segment", "counts", "sizes"}, set(), "a mixture's record")
+        segment = mapping_of(raw["segment"], "a mixture's segment")
+        require_keys(segment, {"start", "period", "parts"}, set(), "a mixture's segment")
+        numbers = (raw["epoch_start"], raw["steps"], segment["start"], segment["period"])
+        if not all(type(value) is int and value >= 0 for value in numbers) or segment["period"] < 1:
+            raise StateFormatError(f"a mixture's positions, steps and period must be non-negative ints: {raw!r:.200}")
+        parts = _counts(segment["parts"], "a mixture's weights", positive=True)
+        counts = _counts(raw["counts"], "a mixture's counts")
+        sizes = _counts(raw["sizes"], "a mixture's sizes", positive=True)
+        if not parts or sum(parts.values()) != segment["period"]:
+            raise StateFormatError(f"a mixture's weights {parts} do not add up to their period {segment['period']}")
+        if not set(parts) <= set(sizes) or set(counts) != set(sizes):
+            raise StateFormatError(
+                f"a mixture's record names sources {sorted(sizes)} by size, {sorted(counts)} by count and"
+                f" {sorted(parts)} by weight: every source needs a size and a count, and a weight only if drawn"
+            )
+        return cls(raw["epoch_start"], raw["steps"], segment["start"], segment["period"], parts, counts, sizes)
+
+
+@dataclass(frozen=True)
+class MixtureState:
+    """A `Mixture`'s loader: its loader's state and its mixture's record."""
+
+    kind: ClassVar[Kind] = "mixture"
+    described: ClassVar[str] = "a mixture of sources"
+
+    loader: LoaderState
+    mixture: MixtureRecord
+
+    @property
+    def seed(self) -> int:
+        return self.loader.state.seed
+
+    @property
+    def position(self) -> int:
+        """The stream position of the save."""
+        return self.mixture.epoch_start + self.loader.state.position
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.loader.to_dict(), MIXTURE: self.mixture.to_dict()}
+
+    @classmethod
+    def from_dict(cls, raw: object) -> MixtureState:
+        raw = mapping_of(raw, "a mixture's state")
+        if MIXTURE not in raw:
+            raise StateFormatError(f"a mixture's state lacks its record ({MIXTURE!r}): keys {sorted(raw)[:10]}")
+        record = MixtureRecord.from_dict(raw[MIXTURE])
+        loader = LoaderState.from_dict({key: value for key, value in raw.items() if key != MIXTURE})
+        state = cls(loader, record)
+        if record.segment_start > state.position:
+            raise StateFormatError(
+                f"a mixture's weights took effect at stream position {record.segment_start}, after its save at"
+                f" {state.position}: the state was altered"
+            )
+        return state

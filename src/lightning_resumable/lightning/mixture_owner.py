@@ -1,0 +1,162 @@
+"""The owner of a `Mixture`'s loader: its position, and where each source and the weights stand.
+
+Promise: a resume continues the checkpoint's stream at its stream position. What was trained before
+is the checkpoint's; from the resume on the weights are the mixture's schedule's. If they are the
+weights in force at the save, the interleave goes on as if uninterrupted; if not, it starts afresh
+there, as a run whose schedule changed at that point would (the weights change at a resume, or the
+schedule was edited). Every source continues its pass from its count; a source new to the run starts
+its first pass; a source no longer in the mixture keeps its count and size in every later state, to
+continue its pass if it comes back. A source whose size changed, another ``samples_per_epoch`` or
+``shuffle``, is refused, naming it. The first batch after a resume is verified as the checkpoint's
+weights would have drawn it (the data must not have changed); the new weights draw from there on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
+
+from lightning_resumable.core.mixture import MixtureStream, Segment, realise
+from lightning_resumable.core.mixture_sampler import MixtureSampler
+from lightning_resumable.core.schedule import StepClock
+from lightning_resumable.errors import IncompatibleStateError
+from lightning_resumable.format.envelope import LoaderState, MixtureRecord, MixtureState
+from lightning_resumable.lightning.owners import LoaderOwner, Owner
+from lightning_resumable.lightning.progress import SavePoint
+from lightning_resumable.lightning.world_size import WorldSizePolicy
+
+__all__ = ["MixtureOwner"]
+
+
+class MixtureOwner(Owner[MixtureState]):
+    """A `Mixture`'s loader: a map-style loader (`LoaderOwner`) whose sampler reads the mixture's stream."""
+
+    state_type = MixtureState
+
+    def __init__(self, loader: DataLoader[Any]) -> None:
+        self.one = LoaderOwner(loader)
+        sampler = loader.sampler
+        assert isinstance(sampler, MixtureSampler)
+        self.sampler, self.mixture = sampler, sampler.mixture
+        self.sizes = dict(zip(self.mixture.names, self.mixture.sizes, strict=True))  # removed sources' too
+        self.verified: MixtureStream | None = None  # what the first batch is verified with, if not the training stream
+
+    @property
+    def first_sampler(self) -> MixtureSampler:
+        return self.sampler
+
+    def restore(self, saved: MixtureState, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
+        record, state = saved.mixture, saved.loader.state
+        self._refuse_another_setup(saved)
+        self.sampler.set_samples_per_epoch(state.dataset_size)
+        self.sizes = {**record.sizes, **self.sizes}
+        position = saved.position
+        history = Segment(
+            record.segment_start,
+            record.period,
+            tuple(sorted(record.parts.items())),
+            tuple(sorted({**dict.fromkeys(self.sizes, 0), **record.counts}.items())),  # a new source: 0 drawn
+        )
+        clock = StepClock(position, record.steps, self.sampler.batch_size * self.sampler.num_replicas)
+        schedule = self.mixture.schedule
+        point = clock.point_at(position, schedule.unit)
+        parts, period = realise(
+            schedule.weights_at(point), self.mixture.names, f"at the resume ({schedule.unit} {point})"
+        )
+        self.verified = None
+        if history.same_weights(parts, period):
+            training = self.sampler.make_stream(history, clock, position)
+        else:
+            counts = tuple(sorted(history.counts_at(position).items()))
+            training = self.sampler.make_stream(Segment(position, period, parts, counts), clock, position)
+            rank_zero_info(
+                f"lightning_resumable: the mixture's weights change at the resume, stream position {position:,}:"
+                f" {_shown(history.weights())} -> {_shown(training.first.weights())}"
+            )
+            if all(name in self.mixture.names for name, _ in history.parts):
+                self.verified = self.sampler.make_stream(history, clock, position, scheduled=False)
+        self.sampler.start_at(state.epoch, record.epoch_start, training)
+        self.one.restore(saved.loader, epoch, verify, world_size_policy)
+        if training.first is not history:  # the first batch the loader produces is drawn with the new weights
+            owned = self.one.owned
+            owned.verifying_produced = False
+            owned.produced.expect_first((0, 0, 0), "")
+            if self.verified is None and owned.to_verify is not None:
+                owned.to_verify = None
+                rank_zero_info("lightning_resumable: a source drawn before the resume is removed; it is not verified")
+
+    def _refuse_another_setup(self, saved: MixtureState) -> None:
+        record, state, mixture = saved.mixture, saved.loader.state, self.mixture
+        differences = [
+            f"the source {name!r}: size {size:,} in the checkpoint, {self.sizes[name]:,} now (its pass would"
+            " continue at other samples)"
+            for name, size in sorted(record.sizes.items())
+            if name in self.sizes and self.sizes[name] != size
+        ]
+        if mixture.samples_per_epoch is not None and mixture.samples_per_epoch != state.dataset_size:
+            differences.append(f"samples_per_epoch: {state.dataset_size:,} in the checkpoint, {len(mixture):,} now")
+        if mixture.shuffle != state.shuffle:
+            differences.append(f"shuffle: {state.shuffle} in the checkpoint, {mixture.shuffle} now")
+        if differences:
+            raise IncompatibleStateError(
+                "the checkpoint's mixture was written by a different setup; resuming would read other samples."
+                " Differences: " + "; ".join(differences)
+            )
+
+    def carried(self, epoch: int) -> MixtureState:
+        """The state at the start of ``epoch`` (this one or the next), for the loader built again within the
+        run (a reload): a new loader's stream continues this one's."""
+        return self._state_of(LoaderState(self.sampler.state_at_start(epoch, 0)))
+
+    def start_fresh(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def save(self, at: SavePoint) -> MixtureState:
+        return self._state_of(self.one.save(at))
+
+    def _state_of(self, loader: LoaderState) -> MixtureState:
+        state, stream = loader.state, self.sampler.stream
+        epoch_start = self.sampler.epoch_start(state.epoch)
+        position = epoch_start + state.position
+        segment = stream.segment_at(position)
+        record = MixtureRecord(
+            epoch_start=epoch_start,
+            steps=stream.clock.point_at(position, "steps"),
+            segment_start=segment.start,
+            period=segment.period,
+            parts=dict(segment.parts),
+            counts=dict(segment.counts),
+            sizes=dict(self.sizes),
+        )
+        return MixtureState(loader, record)
+
+    def start(self, trainer: pl.Trainer, batches: int) -> int:
+        if self.verified is None:
+            return self.one.start(trainer, batches)
+        # The next batches are fetched again as the checkpoint's weights draw them (the data must be the
+        # same); the loader, whose workers may have read ahead already, reads the new weights' stream.
+        training, self.sampler.stream, self.verified = self.sampler.stream, self.verified, None
+        try:
+            return self.one.start(trainer, batches)
+        finally:
+            self.sampler.stream = training
+
+    def check_first_batch(self) -> None:
+        self.one.check_first_batch()
+
+    def trained_ids(self, batch: Any, batch_idx: int) -> list[list[Any]]:
+        """Each sample's source and index in it, ``[name, index]``."""
+        return [list(self.mixture.locate(index)) for index in self.sampler.batch_indices(batch_idx)]
+
+    def rebuild_at_epoch_end(self, epoch: int) -> bool:
+        return self.one.rebuild_at_epoch_end(epoch)
+
+    def retire_workers(self) -> None:
+        self.one.retire_workers()
+
+
+def _shown(weights: dict[str, Any]) -> str:
+    return "{" + ", ".join(f"{name}: {float(weight):.4g}" for name, weight in sorted(weights.items())) + "}"
