@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,11 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset, get_worker_info
 
 from lightning_resumable import ResumableDataCallback, ResumableDataModule
+from lightning_resumable.core.interleave import realised_parts
+from lightning_resumable.core.mixture import source_key
+from lightning_resumable.core.order import EpochOrder
 from lightning_resumable.core.verification import digest_of
+from lightning_resumable.format._keys import mixture_pass_seed
 from lightning_resumable.readers.base import StreamReader
 from lightning_resumable.readers.streams import StreamLoader, make_stream_resumable
 
@@ -32,6 +37,8 @@ __all__ = [
     "checkpoint_with_callback",
     "ids",
     "loader_state",
+    "replayed_interleave",
+    "replayed_mixture",
     "stream_loader",
     "trainer",
 ]
@@ -226,3 +233,44 @@ def assert_reader_resumes_exactly(
     for each in (full, stopped, resumed):
         each.retire_workers()
     return state, expected
+
+
+def replayed_interleave(parts: Sequence[int], length: int) -> list[int]:
+    """A mixture's interleave replayed turn by turn from its definition (Tijdeman's), in exact fractions,
+    with no table: of the turns at least 1/(2k - 2) due, the one with the earliest deadline goes first."""
+    period, taking = sum(parts), [i for i, part in enumerate(parts) if part]
+    slack = Fraction(1, max(1, 2 * len(taking) - 2))
+    taken, order = [0] * len(parts), []
+    for offset in range(length):
+        may = [i for i in taking if len(taking) == 1 or Fraction(parts[i] * (offset + 1), period) - taken[i] >= slack]
+        chosen = min(may, key=lambda i: ((taken[i] + 1 - slack) / Fraction(parts[i], period), i))
+        order.append(chosen)
+        taken[chosen] += 1
+    return order
+
+
+def replayed_mixture(
+    sources: dict[str, int],
+    seed: int,
+    changes: Sequence[tuple[int, dict[str, float]]],
+    length: int,
+    shuffle: bool = True,
+) -> list[tuple[str, int]]:
+    """A mixture's first ``length`` draws, ``(source, index in it)``, replayed draw by draw: where the
+    weights change (``changes``: ``(stream position, weights)``) the interleave starts afresh; each
+    source's draws go through passes permuted by (seed, name, pass). ``sources``: name -> size."""
+    counts, drawn, names = dict.fromkeys(sources, 0), [], sorted(sources)
+    segments: list[tuple[int, tuple[int, ...]]] = []
+    for start, weights in changes:
+        parts, _ = realised_parts([(name, weights[name]) for name in names])
+        if not segments or tuple(parts) != segments[-1][1]:  # the same weights again change nothing
+            segments.append((start, tuple(parts)))
+    bounds = [start for start, _ in segments[1:]] + [length]
+    for (start, parts), end in zip(segments, bounds, strict=True):
+        for source in replayed_interleave(parts, max(0, min(end, length) - start)):
+            name = names[source]
+            count, size = counts[name], sources[name]
+            order = EpochOrder(size, mixture_pass_seed(seed, source_key(name), count // size), 0, shuffle)
+            drawn.append((name, order.index_at(count % size)))
+            counts[name] += 1
+    return drawn[:length]

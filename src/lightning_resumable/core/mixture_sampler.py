@@ -61,6 +61,7 @@ class MixtureSampler(ResumableSampler):
         draws = _MixtureDraws(len(mixture))
         super().__init__(mixture, num_replicas, rank, mixture.shuffle, seed, False, batch_size, draws, sample_keys)
         self.shuffle = mixture.shuffle
+        self.passes = "once"  # the stream goes on: an epoch read to its end is not read again
         self.mixture = mixture
         self._epoch_origin = (0, 0)  # (epoch, stream position of its first sample)
         parts, period = realise(mixture.schedule.weights_at(0), mixture.names, "at the start")

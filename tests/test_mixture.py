@@ -1,0 +1,261 @@
+"""A mixture's stream: equal to its replay at any position, each source without replacement within a
+pass, epochs of whole global batches; its owner's resumes (unchanged, changed and scheduled weights,
+sources added, removed and brought back, another world size) and refusals."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+from lightning_resumable import IncompatibleStateError, Mixture, MixtureError, UnsupportedLoaderError, WeightSchedule
+from lightning_resumable.core.mixture_sampler import MixtureSampler
+from lightning_resumable.format.envelope import MixtureState, parse
+from lightning_resumable.lightning.mixture_owner import MixtureOwner
+from lightning_resumable.lightning.progress import SavePoint
+from lightning_resumable.readers.build import BuildOptions, build_resumable
+
+from .helpers import replayed_mixture
+
+SEED = 11
+SIZES = {"web": 13, "code": 7, "books": 5}
+
+
+def mixture(weights: Any, sizes: dict[str, int] = SIZES, **options: Any) -> Mixture:
+    return Mixture({name: list(range(size)) for name, size in sizes.items()}, weights, **options)
+
+
+def owner_for(mix: Mixture, world_size: int = 1, rank: int = 0, batch_size: int = 4) -> MixtureOwner:
+    built = build_resumable(DataLoader(mix, batch_size=batch_size), BuildOptions(SEED, world_size, rank))
+    assert built.mixture is not None
+    return MixtureOwner(built.loader)
+
+
+def drawn(sampler: MixtureSampler, keys: list[Any]) -> list[tuple[str, int]]:
+    return [sampler.mixture.locate(index) for index, _ in keys]
+
+
+def read_epochs(owner: MixtureOwner, epochs: int) -> list[tuple[str, int]]:
+    """On one process: the rest of the current epoch, then ``epochs - 1`` more, as (source, index) draws."""
+    sampler, found = owner.sampler, []
+    for number in range(epochs):
+        if number:
+            sampler.set_epoch(sampler.epoch + 1)
+        found += drawn(sampler, list(iter(sampler)))
+    return found
+
+
+def save(owner: MixtureOwner, batches: int) -> MixtureState:
+    sampler = owner.sampler
+    at = SavePoint(SEED, sampler.epoch, batches, False, False, 0, sampler.num_replicas, False, False)
+    saved = owner.save(at)
+    parsed = parse({"format": 1, "kind": "mixture", "keys": 1, "state": saved.to_dict()}).state  # as a checkpoint
+    assert isinstance(parsed, MixtureState) and parsed == saved
+    return parsed
+
+
+def resumed(mix: Mixture, saved: MixtureState, world_size: int = 1) -> MixtureOwner:
+    owner = owner_for(mix, world_size)
+    owner.restore(saved, saved.loader.state.epoch, False, lambda *arguments: None)
+    return owner
+
+
+# ------------------------------------------------------------------------------------ the stream
+weights_strategy = st.dictionaries(st.sampled_from(sorted(SIZES)), st.integers(0, 9), min_size=3).filter(
+    lambda weights: sum(weights.values()) > 0
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 300), weights_strategy), max_size=3),
+    weights_strategy,
+    st.dictionaries(st.sampled_from(sorted(SIZES)), st.integers(1, 30), min_size=3),
+    st.lists(st.integers(0, 399), min_size=1, max_size=20),
+)
+def test_any_position_draws_what_the_replay_draws(
+    later: list[tuple[int, dict[str, int]]], first: dict[str, int], sizes: dict[str, int], positions: list[int]
+) -> None:
+    """Random weights, schedules (by samples) and source sizes: computed at any position, not replayed."""
+    changes = [(0, first), *sorted(dict(later).items())]
+    sampler = owner_for(mixture(WeightSchedule(dict(changes), unit="samples"), sizes)).sampler
+    replay = replayed_mixture(sizes, SEED, changes, 400)
+    indices = sampler.stream.indices(torch.tensor(positions)).tolist()
+    assert [sampler.mixture.locate(index) for index in indices] == [replay[position] for position in positions]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 400), weights_strategy), max_size=4), weights_strategy)
+def test_each_source_is_read_without_replacement_within_each_pass(
+    later: list[tuple[int, dict[str, int]]], first: dict[str, int]
+) -> None:
+    sampler = owner_for(mixture(WeightSchedule({0: first, **dict(later)}, unit="samples"))).sampler
+    draws = [sampler.mixture.locate(index) for index in sampler.stream.indices(torch.arange(600)).tolist()]
+    for name, size in SIZES.items():
+        sequence = [index for source, index in draws if source == name]
+        for start in range(0, len(sequence), size):
+            one_pass = sequence[start : start + size]
+            assert len(set(one_pass)) == len(one_pass), f"{name} repeats a sample within a pass"
+            if len(one_pass) == size:
+                assert sorted(one_pass) == list(range(size)), f"{name} skips a sample in a pass"
+
+
+def test_the_ranks_read_the_stream_in_whole_global_batches_across_epochs() -> None:
+    mix = mixture({"web": 5, "code": 3, "books": 2}, samples_per_epoch=21)
+    samplers = [owner_for(mix, world_size=2, rank=rank, batch_size=3).sampler for rank in range(2)]
+    stream: list[tuple[str, int]] = []
+    for epoch in range(3):
+        per_rank = []
+        for sampler in samplers:
+            sampler.set_epoch(epoch)
+            per_rank.append(drawn(sampler, list(iter(sampler))))
+            assert len(sampler) == 12, "21 samples round up to 4 global batches of 6: 12 on each rank"
+        stream += [draw for pair in zip(*per_rank, strict=True) for draw in pair]  # rank r: positions r, r + 2, ...
+    assert stream == replayed_mixture(SIZES, SEED, [(0, {"web": 5, "code": 3, "books": 2})], 72)
+
+
+def test_a_sample_is_seeded_by_its_stream_position() -> None:
+    one = owner_for(mixture({"web": 1, "code": 1, "books": 1})).sampler
+    two = [owner_for(mixture({"web": 1, "code": 1, "books": 1}), 2, rank).sampler for rank in range(2)]
+    alone = [seed for _, seed in iter(one)]  # 25 samples: 28 on one process (7 steps of 4), 32 on two
+    split = [seed for pair in zip(*(list(iter(each)) for each in two), strict=True) for _, seed in pair]
+    assert (len(alone), len(split)) == (28, 32)
+    assert alone == split[:28] and len(set(split)) == len(split)
+
+
+def test_a_schedule_by_steps_switches_at_the_global_batch_that_starts_the_step() -> None:
+    schedule = WeightSchedule({0: {"web": 1, "code": 0, "books": 0}, 3: {"web": 0, "code": 1, "books": 0}})
+    mix = mixture(schedule, samples_per_epoch=40)
+    sampler = owner_for(mix, world_size=2, batch_size=4).sampler
+    sources = [name for name, _ in drawn(sampler, list(iter(sampler)))]
+    assert sources == ["web"] * 12 + ["code"] * 8, "rank 0 of 2: 3 steps of 4 samples, then the code source"
+
+
+def test_a_schedule_given_as_a_function_is_read_every_so_often() -> None:
+    ramp = WeightSchedule(lambda step: {"web": 10 - min(step, 10), "code": min(step, 10), "books": 0}, every=5)
+    sampler = owner_for(mixture(ramp, samples_per_epoch=80), batch_size=2).sampler
+    counts = Counter(name for name, _ in drawn(sampler, list(iter(sampler)))[10:20])  # steps 5 to 9: 5:5
+    assert counts == Counter({"web": 5, "code": 5})
+
+
+# ---------------------------------------------------------------------------------------- resumes
+def uninterrupted(mix: Mixture, epochs: int) -> list[tuple[str, int]]:
+    owner = owner_for(mix)
+    owner.start_fresh(0)
+    return read_epochs(owner, epochs)
+
+
+def stopped_and_resumed(before: Mixture, after: Mixture, batches: int, epochs: int) -> list[tuple[str, int]]:
+    owner = owner_for(before)
+    owner.start_fresh(0)
+    sampler = owner.sampler
+    start = drawn(sampler, list(iter(sampler)))[: batches * sampler.batch_size]
+    return start + read_epochs(resumed(after, save(owner, batches)), epochs)
+
+
+def test_unchanged_weights_resume_as_the_uninterrupted_run() -> None:
+    weights = {"web": 5, "code": 3, "books": 2}
+    expected = uninterrupted(mixture(weights, samples_per_epoch=30), 3)
+    assert stopped_and_resumed(mixture(weights, samples_per_epoch=30), mixture(weights), 3, 3) == expected
+
+
+def test_weights_changed_at_a_resume_equal_a_schedule_that_changes_there() -> None:
+    old, new = {"web": 5, "code": 3, "books": 2}, {"web": 1, "code": 1, "books": 6}
+    schedule = WeightSchedule({0: old, 3: new})  # 3 steps of 4 samples on one process: stream position 12
+    expected = uninterrupted(mixture(schedule, samples_per_epoch=30), 3)
+    assert stopped_and_resumed(mixture(old, samples_per_epoch=30), mixture(new), 3, 3) == expected
+
+
+@pytest.mark.parametrize("stop", [2, 5], ids=["before-the-switch", "after-the-switch"])
+def test_a_scheduled_change_resumes_exactly_from_either_side_of_it(stop: int) -> None:
+    schedule = WeightSchedule({0: {"web": 5, "code": 3, "books": 2}, 4: {"web": 1, "code": 1, "books": 6}})
+    expected = uninterrupted(mixture(schedule, samples_per_epoch=30), 3)
+    got = stopped_and_resumed(mixture(schedule, samples_per_epoch=30), mixture(schedule), stop, 3)
+    assert got == expected
+
+
+def test_a_source_added_starts_its_first_pass_and_a_removed_one_comes_back_where_it_stopped() -> None:
+    weights = {"web": 2, "code": 1, "books": 1}
+    owner = owner_for(mixture(weights, samples_per_epoch=24))
+    owner.start_fresh(0)
+    books_read = [index for name, index in replayed_mixture(SIZES, SEED, [(0, weights)], 12) if name == "books"]
+    without_books = {"web": 13, "code": 7, "news": 9}
+    middle = resumed(mixture({"web": 2, "code": 1, "news": 1}, without_books), save(owner, 3))  # at position 12
+    news = [index for name, index in read_epochs(middle, 2) if name == "news"]
+    assert news == [index for _, index in replayed_mixture({"news": 9}, SEED, [(0, {"news": 1})], len(news))]
+    middle = resumed(mixture({"web": 2, "code": 1, "news": 1}, without_books), save(owner, 3))
+    list(iter(middle.sampler))
+    kept = save(middle, 5).mixture  # at position 20
+    assert kept.sizes == {**SIZES, "news": 9} and "books" not in kept.parts
+    assert kept.counts["books"] == len(books_read), "a removed source keeps its count"
+    back = resumed(mixture({"web": 0, "code": 0, "books": 1}), save(middle, 5))
+    books = [index for _, index in read_epochs(back, 1)]
+    replay = [index for _, index in replayed_mixture({"books": 5}, SEED, [(0, {"books": 1})], 20)]
+    assert replay[: len(books_read)] == books_read
+    assert books == replay[len(books_read) : len(books_read) + len(books)] and books, "its pass continues"
+
+
+def test_a_resume_on_one_process_continues_the_stream_of_two() -> None:
+    weights = {"web": 5, "code": 3, "books": 2}
+    ranks = [owner_for(mixture(weights, samples_per_epoch=30), 2, rank) for rank in range(2)]
+    for owner in ranks:
+        owner.start_fresh(0)
+    per_rank = [drawn(owner.sampler, list(iter(owner.sampler)))[:8] for owner in ranks]  # 2 steps of 4 on each
+    # the stream: global batch by global batch, rank r at offsets r, r + 2, ... of it
+    trained = [per_rank[rank][4 * step + place] for step in range(2) for place in range(4) for rank in range(2)]
+    owner = resumed(mixture(weights, samples_per_epoch=30), save(ranks[0], 2), world_size=1)
+    sampler = owner.sampler
+    assert sampler.stream_length == 32, "16 trained on two, the 14 left of 30 rounded up to 4 steps of 4 on one"
+    assert len(sampler) == 2 * 4 + 16, "the trainer counts the 2 steps before the resume in their own units"
+    assert trained + read_epochs(owner, 2) == replayed_mixture(SIZES, SEED, [(0, weights)], 16 + 16 + 32)
+
+
+# --------------------------------------------------------------------------------------- refusals
+def test_a_source_whose_size_changed_is_refused_by_name() -> None:
+    owner = owner_for(mixture({"web": 1, "code": 1, "books": 1}))
+    owner.start_fresh(0)
+    with pytest.raises(IncompatibleStateError, match=r"the source 'code': size 7 in the checkpoint, 8 now"):
+        resumed(mixture({"web": 1, "code": 1, "books": 1}, {**SIZES, "code": 8}), save(owner, 1))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"samples_per_epoch": 99}, "samples_per_epoch: 25 in the checkpoint, 99 now"), ({"shuffle": False}, "shuffle")],
+)
+def test_another_epoch_length_or_shuffle_is_refused(options: dict[str, Any], message: str) -> None:
+    owner = owner_for(mixture({"web": 1, "code": 1, "books": 1}))
+    owner.start_fresh(0)
+    with pytest.raises(IncompatibleStateError, match=message):
+        resumed(mixture({"web": 1, "code": 1, "books": 1}, **options), save(owner, 1))
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [
+        ({"web": 1, "code": 1}, r"no weight for \['books'\]"),
+        ({"web": 1, "code": 1, "books": 1, "news": 1}, r"\['news'\], which the mixture does not hold"),
+        ({"web": 0, "code": 0, "books": 0}, "positive weight"),
+        ({"web": -1, "code": 1, "books": 1}, "negative"),
+    ],
+)
+def test_malformed_weights_are_refused_when_the_mixture_is_made(weights: dict[str, int], message: str) -> None:
+    with pytest.raises(MixtureError, match=message):
+        mixture(weights)
+
+
+def test_a_schedule_must_start_at_zero_and_a_function_needs_every() -> None:
+    with pytest.raises(MixtureError, match="from 0"):
+        WeightSchedule({5: {"web": 1}})
+    with pytest.raises(MixtureError, match="every="):
+        WeightSchedule(lambda step: {"web": 1})
+
+
+def test_a_loader_with_an_order_of_its_own_is_refused() -> None:
+    mix = mixture({"web": 1, "code": 1, "books": 1})
+    with pytest.raises(UnsupportedLoaderError, match="leave sampler, batch_sampler and shuffle unset"):
+        build_resumable(DataLoader(mix, batch_size=2, sampler=list(range(10))), BuildOptions(SEED, 1, 0))
