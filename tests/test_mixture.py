@@ -4,23 +4,36 @@ sources added, removed and brought back, another world size) and refusals."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
-from lightning_resumable import IncompatibleStateError, Mixture, MixtureError, UnsupportedLoaderError, WeightSchedule
+from lightning_resumable import (
+    IncompatibleStateError,
+    Mixture,
+    MixtureError,
+    ResumableDataCallback,
+    ResumableDataModule,
+    UnsupportedLoaderError,
+    WeightSchedule,
+)
 from lightning_resumable.core.mixture_sampler import MixtureSampler
+from lightning_resumable.format.audit import read_audit
 from lightning_resumable.format.envelope import MixtureState, parse
 from lightning_resumable.lightning.mixture_owner import MixtureOwner
 from lightning_resumable.lightning.progress import SavePoint
 from lightning_resumable.readers.build import BuildOptions, build_resumable
+from lightning_resumable.tools.summary import render, summarise
 
-from .helpers import replayed_mixture
+from .helpers import Model, SaveAtStep, replayed_mixture, trainer
 
 SEED = 11
 SIZES = {"web": 13, "code": 7, "books": 5}
@@ -259,3 +272,46 @@ def test_a_loader_with_an_order_of_its_own_is_refused() -> None:
     mix = mixture({"web": 1, "code": 1, "books": 1})
     with pytest.raises(UnsupportedLoaderError, match="leave sampler, batch_sampler and shuffle unset"):
         build_resumable(DataLoader(mix, batch_size=2, sampler=list(range(10))), BuildOptions(SEED, 1, 0))
+
+
+# ----------------------------------------------------------------------------------------- tools
+class MixtureData(ResumableDataModule, L.LightningDataModule):
+    """One-process training on a mixture of ``[float(id)]`` samples (source ``code``'s ids from 100)."""
+
+    def __init__(self, weights: Any) -> None:
+        super().__init__()
+        self.weights = weights
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        sources = {
+            "web": [torch.tensor([float(i)]) for i in range(13)],
+            "code": [torch.tensor([100.0 + i]) for i in range(7)],
+        }
+        return DataLoader(Mixture(sources, self.weights, samples_per_epoch=16), batch_size=2)
+
+
+def test_the_audit_log_names_each_samples_source(tmp_path: Path) -> None:
+    weights = {"web": 3, "code": 1}
+    callback = ResumableDataCallback(audit_dir=str(tmp_path / "audit"))
+    fitted = trainer(tmp_path, [callback], max_epochs=2)
+    fitted.fit(Model(), MixtureData(weights))
+    steps = read_audit(tmp_path / "audit")[0]
+    logged = [tuple(sample) for step in steps for sample in step["ids"]]
+    assert logged == replayed_mixture({"web": 13, "code": 7}, callback.shuffle_seed(fitted), [(0, weights)], 32)
+
+
+def test_inspect_shows_each_sources_weight_pass_and_position(tmp_path: Path) -> None:
+    path = tmp_path / "mid.ckpt"
+    trainer(tmp_path, [ResumableDataCallback(), SaveAtStep(10, path)], max_epochs=2).fit(
+        Model(), MixtureData({"web": 3, "code": 1})
+    )
+    checkpoint = torch.load(path, weights_only=True)
+    summary = summarise(checkpoint["callbacks"]["ResumableDataCallback"], checkpoint)
+    train = summary["loaders"]["train"]
+    assert train["kind"] == "mixture" and train["stream_position"] == 20 and train["steps"] == 10
+    assert train["sources"] == {
+        "code": {"weight": 0.25, "parts": "1/4", "size": 7, "drawn": 5, "pass": 0, "position": 5},
+        "web": {"weight": 0.75, "parts": "3/4", "size": 13, "drawn": 15, "pass": 1, "position": 2},
+    }
+    shown = render(path, summary)
+    assert re.search(r"source 'web' +weight 0\.75 \(3/4\), pass 1, 2 of 13 read", shown), shown

@@ -42,6 +42,23 @@ class Stream(MapStyle):
         return int(STREAM_SIZE * self.size_factor) // scenario.world_size // scenario.batch_size
 
 
+MIXTURE_OFFSETS = {"a": 0, "b": 1000, "c": 2000, "d": 3000}
+"""The ids of each source a ``mixture`` scenario may hold start at these (source ``b``'s sample 5 is id 1005)."""
+MIXTURE_SOURCES = (("a", 19), ("b", 11), ("c", 7))
+"""The sources of a ``mixture`` scenario unless it says otherwise: name and size."""
+MIXTURE_WEIGHTS = ((0, (("a", 5), ("b", 3), ("c", 2))),)
+"""Its weights unless it says otherwise: ``(step, weights)`` changes, as a ``WeightSchedule`` takes them."""
+
+
+@dataclass(frozen=True)
+class MixtureData(MapStyle):
+    """A ``Mixture`` of named sources (``scenario.mixture_sources``, ``mixture_weights``) of
+    ``scenario.dataset_size`` samples an epoch, rounded up to whole global batches."""
+
+    def batches_per_epoch(self, scenario: Any) -> int:
+        return math.ceil(scenario.dataset_size / (scenario.batch_size * scenario.world_size))
+
+
 @dataclass(frozen=True)
 class Several(MapStyle):
     """Two map-style loaders (`COMBINED_SIZES`) in a ``CombinedLoader`` of ``scenario.mode``, or a dict."""
@@ -65,5 +82,6 @@ SETUPS = {
         Stream("litdata-combined", size_factor=1.5),  # the stream and a second one of half its size
         Several("combined"),
         Several("dict"),
+        MixtureData("mixture"),
     )
 }

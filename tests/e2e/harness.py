@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import math
 import os
@@ -14,7 +15,7 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
-from .data_setups import SETUPS
+from .data_setups import MIXTURE_SOURCES, MIXTURE_WEIGHTS, SETUPS
 from .processes import ForkServer, run_tree
 
 TRAIN_SCRIPT = Path(__file__).with_name("train.py")
@@ -70,6 +71,9 @@ class Scenario:
     ``monitor`` adds ``ModelCheckpoint(monitor="val_loss")``, a ``ModelCheckpoint`` of the newest and
     ``EarlyStopping``: a ``validation`` stop then resumes from the checkpoint the newest one wrote at the
     stop batch's validation, the run killed at the next training batch; each run records what they chose.
+    ``mixture`` data is a ``Mixture`` of ``mixture_sources`` (name, size) with the schedule
+    ``mixture_weights`` (``(step, weights)`` changes); ``resume_mixture_sources`` and
+    ``resume_mixture_weights`` replace them in the resumed run (the weights changed at a resume).
     ``strategy`` is ``ddp``, ``model_parallel`` (``ModelParallelStrategy``, FSDP2's ``fully_shard`` in
     ``configure_model``, a full checkpoint) or ``model_parallel_sharded`` (the same with a distributed,
     sharded checkpoint: a directory).
@@ -111,6 +115,10 @@ class Scenario:
     monitor: bool = False
     strategy: str = "ddp"
     augment: str = ""  # a map-style dataset of images augmented by a library (train.py: AugmentedImages)
+    mixture_sources: tuple[tuple[str, int], ...] = MIXTURE_SOURCES
+    mixture_weights: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] = MIXTURE_WEIGHTS
+    resume_mixture_sources: tuple[tuple[str, int], ...] | None = None
+    resume_mixture_weights: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] | None = None
 
     @property
     def batches_per_epoch(self) -> int:
@@ -149,6 +157,8 @@ class Scenario:
             evaluate_before_resume=False,
             evaluate_after_fit=False,
             resume_drop_last=None,
+            resume_mixture_sources=None,
+            resume_mixture_weights=None,
         )
 
     def stop_key(self) -> Scenario:
@@ -161,6 +171,8 @@ class Scenario:
             evaluate_before_resume=False,
             evaluate_after_fit=False,
             resume_drop_last=None,
+            resume_mixture_sources=None,
+            resume_mixture_weights=None,
         )
 
     def label(self) -> str:
@@ -199,6 +211,9 @@ class Scenario:
             parts.append("evaluated-after")
         if self.resume_drop_last is not None:
             parts.append(f"resume-droplast{self.resume_drop_last}")
+        mixture = (self.mixture_sources, self.mixture_weights, self.resume_mixture_sources, self.resume_mixture_weights)
+        if self.data == "mixture" or mixture != (MIXTURE_SOURCES, MIXTURE_WEIGHTS, None, None):
+            parts.append("mix" + hashlib.blake2b(repr(mixture).encode(), digest_size=4).hexdigest())
         if not self.resumable:
             parts.append("CONTROL")
         # Every other field that differs from its default: two scenarios never share a run directory.
@@ -214,7 +229,8 @@ _NAMED_IN_LABEL = {
     "world_size", "resume_world_size", "num_workers", "loader", "shuffle", "drop_last", "stop_kind",
     "persistent_workers", "estimated_stepping_batches", "callback_options", "relist_on_resume", "curriculum",
     "sampler", "data", "resume_num_workers", "stop_batch_override", "accumulate", "evaluate_before_resume",
-    "evaluate_after_fit", "resume_drop_last", "resumable",
+    "evaluate_after_fit", "resume_drop_last", "resumable", "mixture_sources", "mixture_weights",
+    "resume_mixture_sources", "resume_mixture_weights",
 }  # fmt: skip
 """The fields `Scenario.label` spells out in its own words (``mode`` only for ``combined`` data)."""
 

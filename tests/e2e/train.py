@@ -50,13 +50,19 @@ from torch.utils.data import (
 )
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_resumable import ResumableBatchSampler, ResumableDataCallback, ResumableDataModule
+from lightning_resumable import (
+    Mixture,
+    ResumableBatchSampler,
+    ResumableDataCallback,
+    ResumableDataModule,
+    WeightSchedule,
+)
 from lightning_resumable.readers.workers import garbage_collector_paused
 
 try:  # imported as tests.e2e.train (the unit tests of the data libraries build their data with it)
-    from .data_setups import COMBINED_SIZES, SETUPS, STREAM_SIZE
+    from .data_setups import COMBINED_SIZES, MIXTURE_OFFSETS, SETUPS, STREAM_SIZE
 except ImportError:  # run as a script, or by the fork server: tests/e2e is on the path
-    from data_setups import COMBINED_SIZES, SETUPS, STREAM_SIZE  # type: ignore[no-redef]
+    from data_setups import COMBINED_SIZES, MIXTURE_OFFSETS, SETUPS, STREAM_SIZE  # type: ignore[no-redef]
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -595,6 +601,18 @@ class PlainData(L.LightningDataModule):
         }
         return CombinedLoader(loaders, self.config["mode"]) if combined else loaders
 
+    def mixture_loader(self) -> DataLoader[Any]:
+        """A ``Mixture`` of the scenario's sources (ids from `MIXTURE_OFFSETS`), with its schedule; a resumed
+        run reads the resume's sources and schedule where the scenario gives them."""
+        sources, weights = self.config["mixture_sources"], self.config["mixture_weights"]
+        if self.config["phase"].startswith("resume"):
+            sources = self.config.get("resume_mixture_sources") or sources
+            weights = self.config.get("resume_mixture_weights") or weights
+        datasets = {name: OffsetDataset(size, offset=MIXTURE_OFFSETS[name]) for name, size in sources}
+        schedule = WeightSchedule({step: dict(changed) for step, changed in weights})
+        self.train_set = Mixture(datasets, schedule, samples_per_epoch=self.config["dataset_size"])
+        return DataLoader(self.train_set, batch_size=self.config["batch_size"], num_workers=self.config["num_workers"])
+
     def map_loader(self) -> Any:
         resuming = self.config["phase"].startswith("resume")
         relisted = self.config.get("relist_on_resume", False) and resuming
@@ -642,6 +660,7 @@ TRAIN_LOADERS: dict[str, Callable[[PlainData], Any]] = {
     "litdata-combined": lambda data: data.litdata_loader(combined=True),
     "combined": lambda data: data.several_loaders(combined=True),
     "dict": lambda data: data.several_loaders(combined=False),
+    "mixture": PlainData.mixture_loader,
 }
 """How each train data of ``data_setups.SETUPS`` is built, by its name (``Scenario.data``)."""
 assert set(TRAIN_LOADERS) == set(SETUPS), "every data setup is built, and no other"

@@ -1,0 +1,100 @@
+"""End to end: a ``Mixture`` of named sources (a real ``Trainer``, DDP on gloo, 2 processes, 2 workers).
+
+A resume with unchanged weights is the uninterrupted run. A resume with other weights (or sources
+added and removed) is the uninterrupted run whose schedule changes at the step the checkpoint was
+written: per rank and step, the same sample ids, augmentations and loss bits, and the same
+validations. A schedule that changes by itself resumes exactly from either side of its change. A
+resume on one process continues the stream of two: the samples of all ranks in stream order, with
+their augmentations, are the uninterrupted two-process run's with the same change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from .data_setups import MIXTURE_SOURCES
+from .harness import Outcome, Records, Runner, Scenario
+
+FIRST = (("a", 5), ("b", 3), ("c", 2))
+SHIFTED = (("a", 1), ("b", 1), ("c", 6))
+BASE = Scenario(world_size=2, num_workers=2, data="mixture", mixture_weights=((0, FIRST),))
+STEPS_AT_STOP = BASE.stop_epoch * BASE.batches_per_epoch + BASE.stop_batch + 1
+"""Training steps completed when the stopped run's checkpoint is written (epoch 1, after its batch 2)."""
+
+
+def compared(runner: Runner, scenario: Scenario, reference: Scenario) -> Outcome:
+    """The scenario stopped and resumed, against the uninterrupted run of ``reference``."""
+    return Outcome(scenario, runner.full(reference), runner.stopped(scenario), runner.resumed(scenario))
+
+
+def assert_exact(runner: Runner, outcome: Outcome) -> None:
+    assert outcome.stream_mismatches() == []
+    assert outcome.validation_mismatches(runner) == []
+
+
+def test_unchanged_weights_resume_exactly(runner: Runner) -> None:
+    outcome = runner.run(BASE)
+    assert_exact(runner, outcome)
+    sources = {sample // 1000 for records in outcome.full.values() for record in records for sample in record["ids"]}
+    assert sources == {0, 1, 2}, "every source is drawn"
+
+
+def test_weights_changed_at_a_resume_equal_a_schedule_that_changes_there(runner: Runner) -> None:
+    changed = replace(BASE, resume_mixture_weights=((0, SHIFTED),))
+    reference = replace(BASE, mixture_weights=((0, FIRST), (STEPS_AT_STOP, SHIFTED)))
+    outcome = compared(runner, changed, reference)
+    assert outcome.stream_mismatches() == []
+    unchanged = runner.full(BASE)
+    assert any(
+        full["ids"] != other["ids"] for rank in unchanged for full, other in zip(unchanged[rank], outcome.full[rank])
+    ), "the new weights draw another stream than the old ones would have"
+
+
+@pytest.mark.parametrize("switch", [STEPS_AT_STOP + 3, STEPS_AT_STOP - 3], ids=["saved-before", "saved-after"])
+def test_a_scheduled_change_resumes_exactly_from_a_checkpoint_on_either_side_of_it(runner: Runner, switch: int) -> None:
+    scheduled = replace(BASE, mixture_weights=((0, FIRST), (switch, SHIFTED)))
+    assert_exact(runner, runner.run(scheduled))
+
+
+def test_a_source_added_and_one_removed_equal_a_run_whose_weights_change_there(runner: Runner) -> None:
+    sources_after = (("a", 19), ("b", 11), ("d", 13))
+    changed = replace(
+        BASE, resume_mixture_sources=sources_after, resume_mixture_weights=((0, (("a", 5), ("b", 3), ("d", 2))),)
+    )
+    every_source = (*MIXTURE_SOURCES, ("d", 13))
+    reference = replace(
+        BASE,
+        mixture_sources=every_source,
+        mixture_weights=(
+            (0, (*FIRST, ("d", 0))),
+            (STEPS_AT_STOP, (("a", 5), ("b", 3), ("c", 0), ("d", 2))),
+        ),
+    )
+    outcome = compared(runner, changed, reference)
+    assert outcome.stream_mismatches() == []
+    after = [sample for records in outcome.resumed.values() for record in records for sample in record["ids"]]
+    assert {sample // 1000 for sample in after} == {0, 1, 3}, "the new source is drawn, the removed one is not"
+
+
+def stream_order(records: Records, batch_size: int) -> list[tuple[int, list[float]]]:
+    """Every rank's samples in stream order, with their augmentations: rank ``r`` of ``W`` trains
+    places ``r, r + W, ...`` of each global batch."""
+    ordered = []
+    for steps in zip(*(records[rank] for rank in sorted(records)), strict=True):
+        for place in range(batch_size):
+            ordered += [(step["ids"][place], step["aug"][place]) for step in steps]
+    return ordered
+
+
+def test_a_resume_on_one_process_with_other_weights_continues_the_stream_of_two(runner: Runner) -> None:
+    changed = replace(BASE, resume_world_size=1, resume_mixture_weights=((0, SHIFTED),))
+    reference = runner.full(replace(BASE, mixture_weights=((0, FIRST), (STEPS_AT_STOP, SHIFTED))))
+    interrupted = stream_order(runner.stopped(changed), BASE.batch_size)
+    interrupted += stream_order(runner.resumed(changed), BASE.batch_size)
+    expected = stream_order(reference, BASE.batch_size)
+    assert len(interrupted) == len(expected), "the epochs hold whole global batches on either world size"
+    first_difference: Any = next((i for i, pair in enumerate(zip(interrupted, expected)) if pair[0] != pair[1]), None)
+    assert first_difference is None, (first_difference, interrupted[first_difference], expected[first_difference])
