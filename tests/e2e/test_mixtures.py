@@ -11,7 +11,6 @@ their augmentations, are the uninterrupted two-process run's with the same chang
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import pytest
 
@@ -47,10 +46,9 @@ def test_weights_changed_at_a_resume_equal_a_schedule_that_changes_there(runner:
     reference = replace(BASE, mixture_weights=((0, FIRST), (STEPS_AT_STOP, SHIFTED)))
     outcome = compared(runner, changed, reference)
     assert outcome.stream_mismatches() == []
-    unchanged = runner.full(BASE)
-    assert any(
-        full["ids"] != other["ids"] for rank in unchanged for full, other in zip(unchanged[rank], outcome.full[rank])
-    ), "the new weights draw another stream than the old ones would have"
+    unchanged, scheduled = runner.full(BASE), outcome.full
+    pairs = [pair for rank in unchanged for pair in zip(unchanged[rank], scheduled[rank], strict=True)]
+    assert any(old["ids"] != new["ids"] for old, new in pairs), "the new weights draw another stream than the old"
 
 
 @pytest.mark.parametrize("switch", [STEPS_AT_STOP + 3, STEPS_AT_STOP - 3], ids=["saved-before", "saved-after"])
@@ -96,5 +94,5 @@ def test_a_resume_on_one_process_with_other_weights_continues_the_stream_of_two(
     interrupted += stream_order(runner.resumed(changed), BASE.batch_size)
     expected = stream_order(reference, BASE.batch_size)
     assert len(interrupted) == len(expected), "the epochs hold whole global batches on either world size"
-    first_difference: Any = next((i for i, pair in enumerate(zip(interrupted, expected)) if pair[0] != pair[1]), None)
-    assert first_difference is None, (first_difference, interrupted[first_difference], expected[first_difference])
+    differing = [i for i, (got, want) in enumerate(zip(interrupted, expected, strict=True)) if got != want]
+    assert not differing, f"stream position {differing[0]}: {interrupted[differing[0]]}, not {expected[differing[0]]}"
