@@ -5,7 +5,8 @@ Split as Lightning's ``tests/parity_pytorch``: the timing code (`timing.py`), th
 (`parity.py`).
 
 1. Restore to first batch, and peak memory, at N = 1M, 10M, 100M, 1B samples (2 ranks, batch 32,
-   resuming at 90% of the epoch), each in a fresh process: ours against torch's
+   resuming at 90% of the epoch), each in a fresh process: ours (and a ``Mixture`` of 8 sources of N
+   samples together, with decimal weights and with weights the longest period rounds) against torch's
    ``DistributedSampler`` fast-forwarded by ``StatefulDataLoader`` and torchdata's
    ``StatefulDistributedSampler``. The alternatives are run up to 10M: they hold the epoch's
    permutation as a Python list (about 36 bytes per sample on this rank), so 100M and 1B would need
@@ -29,6 +30,11 @@ Split as Lightning's ``tests/parity_pytorch``: the timing code (`timing.py`), th
    sample seeded) against torchdata's ``StatefulDataLoader`` over the same stateful stream, with 0 and
    2 workers (and without per-sample seeding, to separate its cost from the state's), and the time
    from a restore at the middle of the stream to its first batch.
+
+9. A ``Mixture`` of 8 sources: from the loader ``train_dataloader()`` returns to the first batch after
+   a restore, at N = 10M and 1B, each in a fresh process, against a plain dataset through the same
+   window (the library's build, the owner's restore, the first batch); decimal weights, and weights
+   the longest period (16384) rounds, whose interleave table is built in the restore.
 
 ``--quick`` runs smaller sizes, for a smoke test.
 """
@@ -72,6 +78,9 @@ from workloads import (
 RESTORE_REPEATS = 3
 """Fresh processes per (method, N); the table shows the median."""
 METHODS = ("lightning_resumable", "DistributedSampler+StatefulDataLoader", "StatefulDistributedSampler")
+MIXTURES = ("mixture", "mixture-longest-period")
+"""A `Mixture` of 8 sources of N samples together (`workloads.MIXTURE_WEIGHTS`), against the same
+window for a plain dataset (``plain``): from the loader ``train_dataloader()`` returns to the first batch."""
 
 
 # ------------------------------------------------------------------------- 1. restore to first batch
@@ -98,6 +107,38 @@ def restore_table(sizes: list[int], alternatives_up_to: int) -> None:
                 f"{size:>14,} | {method:<38} | {results[method]['seconds'] * 1000:>11.2f} ms"
                 f" | {results[method]['peak_mb']:>8.1f} | {ratio:>14}"
             )
+
+
+def fresh_process_restore(method: str, size: int) -> dict[str, float]:
+    """The median of `RESTORE_REPEATS` restores of ``method`` at ``size``, each in a fresh process."""
+    command = [sys.executable, __file__, "restore-one", method, str(size)]
+    runs = [
+        json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
+        for _ in range(RESTORE_REPEATS)
+    ]
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def mixture_restore_table(sizes: list[int]) -> None:
+    print(
+        f"\n9. A Mixture of 8 sources: from the loader train_dataloader() returns to the first batch after a restore"
+        f" at {RESUME_FRACTION:.0%} of an epoch of N samples ({WORLD_SIZE} ranks, batch {BATCH_SIZE}; median of"
+        f" {RESTORE_REPEATS} fresh processes), against a plain dataset of N samples through the same window"
+    )
+    print(f"{'N':>14} | {'train input':<44} | {'to first batch':>14} | {'peak MB':>8} | {'x the plain one':>15}")
+    print("-" * 107)
+    labels = {
+        "plain": "DataLoader(dataset, shuffle=True)",
+        "mixture": "Mixture, decimal weights (period 100)",
+        "mixture-longest-period": "Mixture, weights rounded (period 16384)",
+    }
+    for size in sizes:
+        plain = fresh_process_restore("plain", size)
+        for method, label in labels.items():
+            found = plain if method == "plain" else fresh_process_restore(method, size)
+            ratio = "" if method == "plain" else f"{found['seconds'] / plain['seconds']:.2f}x"
+            milliseconds = found["seconds"] * 1000
+            print(f"{size:>14,} | {label:<44} | {milliseconds:>11.2f} ms | {found['peak_mb']:>8.1f} | {ratio:>15}")
 
 
 # ---------------------------------------------------------------------------------- 2. throughput
@@ -412,6 +453,7 @@ def main() -> None:
         6: lambda: verification_table([32] if quick else [32, 64, 128, 256], rounds=1 if quick else 3),
         7: lambda: standard_sampler_table([10**5] if quick else [10**6, 10**7], rounds=1 if quick else 3),
         8: lambda: stream_table(3_200 if quick else 64_000, rounds=1 if quick else 3),
+        9: lambda: mixture_restore_table([10**5] if quick else [10**7, 10**9]),
     }
     for number, measure in measurements.items():
         if not options.only or number in options.only:

@@ -74,6 +74,52 @@ class CountingStream(torch.utils.data.IterableDataset[int]):
         self._start = state["position"]
 
 
+MIXTURE_WEIGHTS = {  # the weights of a mixture of 8 sources
+    "mixture": [0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.05, 0.02],  # exact with a period of 100
+    "mixture-longest-period": [0.3141, 0.2718, 0.1414, 0.1732, 0.0577, 0.0223, 0.0101, 0.0094001],  # 1/16384
+}
+"""A mixture of 8 sources: decimal weights, and weights that the longest period (16384) rounds."""
+
+
+def built_restore(method: str, size: int, batches_done: int) -> tuple[Any, Any]:
+    """What a restarted process does from the loader ``train_dataloader()`` returns to its first batch:
+    the library builds it, its owner restores the state after ``batches_done`` batches (written by
+    another loader of the same setup). ``plain``: a ``DataLoader(IndexDataset(size), shuffle=True)``;
+    a mixture method: a ``Mixture`` of 8 ``IndexDataset`` sources of ``size`` samples together. Returns
+    a function that does it all and returns the loader, and one that does it from the built loader on."""
+    from lightning_resumable import Mixture
+    from lightning_resumable.core.interleave import _kept_parts, interleave
+    from lightning_resumable.lightning.mixture_owner import MixtureOwner
+    from lightning_resumable.lightning.owners import LoaderOwner
+    from lightning_resumable.lightning.progress import SavePoint
+    from lightning_resumable.readers.build import BuildOptions, build_resumable
+
+    def returned() -> DataLoader[Any]:
+        if method == "plain":
+            return DataLoader(IndexDataset(size), batch_size=BATCH_SIZE, shuffle=True)
+        weights, sizes = MIXTURE_WEIGHTS[method], [size // 8 + (source < size % 8) for source in range(8)]
+        sources = {f"source{source}": IndexDataset(sizes[source]) for source in range(8)}
+        mixture = Mixture(sources, dict(zip(sources, weights, strict=True)), samples_per_epoch=size)
+        return DataLoader(mixture, batch_size=BATCH_SIZE)
+
+    def owner(loader: DataLoader[Any]) -> tuple[Any, Any]:
+        built = build_resumable(loader, BuildOptions(seed=1, num_replicas=WORLD_SIZE, rank=0, seed_samples=False))
+        return (LoaderOwner if method == "plain" else MixtureOwner)(built.loader), built.loader
+
+    writer, _ = owner(returned())
+    writer.start_fresh(0)
+    state = writer.save(SavePoint(1, 0, batches_done, False, False, 0, WORLD_SIZE, False, False))
+    interleave.cache_clear()  # as in a fresh process
+    _kept_parts.cache_clear()
+
+    def restored() -> Any:
+        reader, loader = owner(returned())
+        reader.restore(state, 0, False, lambda *arguments: None)
+        return loader
+
+    return restored, state
+
+
 def measure_restore(method: str, size: int) -> dict[str, float]:
     """In this (fresh) process: seconds from load_state_dict to the first batch, and the peak memory added."""
     warnings.filterwarnings("ignore")
@@ -93,6 +139,14 @@ def measure_restore(method: str, size: int) -> dict[str, float]:
         loader = DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)
         state = sampler.state_dict(batches_done)
         restore = lambda: sampler.load_state_dict(state)  # noqa: E731
+    elif method in ("plain", *MIXTURE_WEIGHTS):
+        restored, _ = built_restore(method, size, batches_done)
+        baseline = peak_rss_mb()
+        start = time.perf_counter()
+        first = next(iter(restored()))
+        seconds = time.perf_counter() - start
+        assert len(first) == BATCH_SIZE
+        return {"seconds": seconds, "peak_mb": peak_rss_mb() - baseline}
     else:
         sampler_type = DistributedSampler if method.startswith("DistributedSampler") else StatefulDistributedSampler
         loader = StatefulDataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler_type(dataset, WORLD_SIZE, 0))

@@ -22,6 +22,7 @@ table on every platform. Each period's table is built once per process (under 20
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 from collections.abc import Sequence
 from fractions import Fraction
@@ -63,6 +64,19 @@ def _exact(weight: object, name: str) -> Fraction:
 
 
 def realised_parts(weights: Sequence[tuple[str, object]]) -> tuple[tuple[int, ...], int]:
+    """See `_realised_parts`; kept per process for weights of plain numbers (read at every restore)."""
+    try:
+        return _kept_parts(tuple(weights))
+    except TypeError:  # an unhashable weight: refused or parsed as it is
+        return _realised_parts(weights)
+
+
+@functools.lru_cache(maxsize=256)
+def _kept_parts(weights: tuple[tuple[str, object], ...]) -> tuple[tuple[int, ...], int]:
+    return _realised_parts(weights)
+
+
+def _realised_parts(weights: Sequence[tuple[str, object]]) -> tuple[tuple[int, ...], int]:
     """Whole-number parts of a period for ``(name, weight)`` pairs, and the period: the weights exactly
     where a common denominator up to `MAX_PERIOD` expresses them (``0.6, 0.3, 0.1`` is ``6, 3, 1`` of
     10), else rounded to that denominator by largest remainders (a positive weight keeps a part).
@@ -108,27 +122,35 @@ class Interleave:
         self.period = period = sum(self.parts)
         taking = [i for i, part in enumerate(self.parts) if part > 0]
         slack = max(1, 2 * len(taking) - 2)  # 1/(2k - 2): how early a turn may be taken, and how late
+        alone = len(taking) == 1
+        # Turn c of source i may be taken from offset t on where slack * (n_i (t + 1) - c D) >= D, and is
+        # due by (slack c + slack - 1) / (slack n_i). The due times are compared as doubles, which is exact
+        # here: numerators and denominators stay below 2**18, so two that differ do so by 2**-36 or more,
+        # and two that are equal round alike. Ties go to the lower source.
+        waiting = [(0 if alone else self._release(i, 0, slack), i) for i in taking]  # (release offset, source)
+        heapq.heapify(waiting)
+        ready: list[tuple[float, int]] = []  # (due, source)
         taken = [0] * len(self.parts)
         sources, earlier = [0] * period, [0] * period
         for offset in range(period):
-            best = -1
-            for i in taking:
-                part, count = self.parts[i], taken[i]
-                if len(taking) > 1 and slack * (part * (offset + 1) - count * period) < period:
-                    continue  # too early: taking it would put the source a whole turn ahead
-                # due by (slack * count + slack - 1) / (slack * part) periods: compare by cross-multiplying
-                if (
-                    best < 0
-                    or (slack * count + slack - 1) * self.parts[best] < (slack * taken[best] + slack - 1) * part
-                ):
-                    best = i
-            if best < 0:  # Tijdeman's theorem: never; a wrong stream is never the fallback
+            while waiting and waiting[0][0] <= offset:
+                _, i = heapq.heappop(waiting)
+                heapq.heappush(ready, ((slack * taken[i] + slack - 1) / (slack * self.parts[i]), i))
+            if not ready:  # Tijdeman's theorem: never; a wrong stream is never the fallback
                 raise AssertionError(f"no source may take offset {offset} of the interleave of {self.parts}")
+            _, best = heapq.heappop(ready)
             sources[offset], earlier[offset] = best, taken[best]
             taken[best] += 1
+            if taken[best] < self.parts[best]:  # its next turn in the period
+                heapq.heappush(waiting, (0 if alone else self._release(best, taken[best], slack), best))
         self.sources = torch.tensor(sources, dtype=torch.int64)
         self.earlier = torch.tensor(earlier, dtype=torch.int64)
         self._parts = torch.tensor(self.parts, dtype=torch.int64)
+
+    def _release(self, source: int, turn: int, slack: int) -> int:
+        """The first offset at which ``turn`` of ``source`` may be taken."""
+        part, period = self.parts[source], self.period
+        return max(0, -(-(period + slack * turn * period) // (slack * part)) - 1)
 
     def at(self, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The source at each of ``offsets`` (int64, non-negative) and its count before the offset."""

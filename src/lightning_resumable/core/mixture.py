@@ -15,6 +15,7 @@ segment, so a window across a change keeps each part's (`lightning_resumable.cor
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import torch
 from torch.utils.data import Dataset
 
 from lightning_resumable.core.interleave import Interleave, interleave, realised_parts
-from lightning_resumable.core.order import MAX_SIZE, EpochOrder
+from lightning_resumable.core.order import MAX_SIZE, orders_at, round_keys
 from lightning_resumable.core.schedule import StepClock, Weights, WeightSchedule
 from lightning_resumable.errors import MixtureError
 from lightning_resumable.format._keys import mixture_pass_seed
@@ -33,6 +34,7 @@ from lightning_resumable.format._keys import mixture_pass_seed
 __all__ = ["Mixture", "MixtureStream", "Segment", "realise"]
 
 
+@functools.lru_cache(maxsize=1024)
 def source_key(name: str) -> int:
     """A source's 64-bit key: its pass orders depend on its name only, not on the other sources."""
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
@@ -123,6 +125,11 @@ class MixtureStream:
         for size in self.sizes[:-1]:
             self.offsets.append(self.offsets[-1] + size)
         self._source_ids = {name: index for index, name in enumerate(self.names)}
+        self._sizes = torch.tensor(self.sizes, dtype=torch.int64)
+        self._offsets = torch.tensor(self.offsets, dtype=torch.int64)
+        self._lookups: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._source_keys = [source_key(name) for name in self.names]
+        self._pass_keys: dict[tuple[int, int], list[int]] = {}
         self._changes: Iterator[tuple[int, Weights]] = iter(())
         if self.schedule is not None:
             after = self.clock.point_at(self.changes_after, self.schedule.unit)
@@ -162,34 +169,50 @@ class MixtureStream:
         if int(positions.min()) < self.first.start:
             raise ValueError(f"stream positions before {self.first.start} are not this stream's")
         self.extend_to(int(positions.max()))
+        if len(self.segments) == 1 or int(positions.min()) >= self.segments[-1].start:
+            return self._draws_in(len(self.segments) - 1, positions)
         starts = torch.tensor([each.start for each in self.segments], dtype=torch.int64)
         where = torch.searchsorted(starts, positions, right=True) - 1
         sources, counts = torch.empty_like(positions), torch.empty_like(positions)
         for number in torch.unique(where).tolist():
-            segment, chosen = self.segments[number], where == number
-            local, before = segment.table.at(positions[chosen] - segment.start)
-            ids = torch.tensor([self._source_ids[name] for name, _ in segment.parts], dtype=torch.int64)
-            base = dict(segment.counts)
-            bases = torch.tensor([base.get(name, 0) for name, _ in segment.parts], dtype=torch.int64)
-            sources[chosen], counts[chosen] = ids[local], bases[local] + before
+            chosen = where == number
+            sources[chosen], counts[chosen] = self._draws_in(number, positions[chosen])
         return sources, counts
 
+    def _draws_in(self, number: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`draws` at positions of segment ``number``."""
+        segment = self.segments[number]
+        if number not in self._lookups:  # the segment's sources (places in names) and counts at its start
+            base = dict(segment.counts)
+            self._lookups[number] = (
+                torch.tensor([self._source_ids[name] for name, _ in segment.parts], dtype=torch.int64),
+                torch.tensor([base.get(name, 0) for name, _ in segment.parts], dtype=torch.int64),
+            )
+        ids, bases = self._lookups[number]
+        local, before = segment.table.at(positions - segment.start)
+        return ids[local], bases[local] + before
+
     def indices(self, positions: torch.Tensor) -> torch.Tensor:
-        """The mixture's index (source offset plus index in the source) at each stream position."""
+        """The mixture's index (source offset plus index in the source) at each stream position: each
+        draw's place in its pass, permuted by its pass's order, all orders in one vectorised pass."""
         sources, counts = self.draws(positions)
-        sizes = torch.tensor(self.sizes, dtype=torch.int64)[sources]
+        sizes = self._sizes[sources]
         passes = torch.div(counts, sizes, rounding_mode="floor")
         within = counts - passes * sizes
-        indices = torch.empty_like(positions)
-        for source, pass_index in torch.unique(torch.stack([sources, passes], dim=1), dim=0).tolist():
-            chosen = (sources == source) & (passes == pass_index)
-            indices[chosen] = self.offsets[source] + self.pass_order(source, pass_index)(within[chosen])
-        return indices
+        if self.shuffle:
+            count = len(self.names)
+            pairs, which = torch.unique(passes * count + sources, return_inverse=True)  # (source, pass) as one key
+            keys = torch.tensor([self.pass_keys(pair % count, pair // count) for pair in pairs.tolist()])
+            within = orders_at(within, sizes, keys[which])
+        return self._offsets[sources] + within
 
-    def pass_order(self, source: int, pass_index: int) -> EpochOrder:
-        """The order of pass ``pass_index`` over source ``source``: a pure function of seed, name and pass."""
-        seed = mixture_pass_seed(self.seed, source_key(self.names[source]), pass_index)
-        return EpochOrder(self.sizes[source], seed, 0, self.shuffle)
+    def pass_keys(self, source: int, pass_index: int) -> list[int]:
+        """The round keys of pass ``pass_index`` over source ``source``: a pure function of seed, name and pass
+        (its order is ``EpochOrder(size, mixture_pass_seed(seed, key of the name, pass), 0)``)."""
+        if (source, pass_index) not in self._pass_keys:
+            seed = mixture_pass_seed(self.seed, self._source_keys[source], pass_index)
+            self._pass_keys[source, pass_index] = round_keys(seed, 0)
+        return self._pass_keys[source, pass_index]
 
 
 class Mixture(Dataset[Any]):

@@ -64,9 +64,21 @@ class MixtureSampler(ResumableSampler):
         self.passes = "once"  # the stream goes on: an epoch read to its end is not read again
         self.mixture = mixture
         self._epoch_origin = (0, 0)  # (epoch, stream position of its first sample)
-        parts, period = realise(mixture.schedule.weights_at(0), mixture.names, "at the start")
-        first = Segment(0, period, parts, tuple((name, 0) for name in sorted(mixture.names)))
-        self.stream = self.make_stream(first, StepClock(0, 0, self.global_batch), 0)
+        self._stream: MixtureStream | None = None  # a fresh run's, made when first read (a restore brings its own)
+
+    @property
+    def stream(self) -> MixtureStream:
+        """The mixture's stream this sampler reads: a fresh run's from position 0, or a restore's."""
+        if self._stream is None:
+            mixture = self.mixture
+            parts, period = realise(mixture.schedule.weights_at(0), mixture.names, "at the start")
+            first = Segment(0, period, parts, tuple((name, 0) for name in sorted(mixture.names)))
+            self._stream = self.make_stream(first, StepClock(0, 0, self.global_batch), 0)
+        return self._stream
+
+    @stream.setter
+    def stream(self, stream: MixtureStream) -> None:
+        self._stream = stream
 
     @property
     def global_batch(self) -> int:

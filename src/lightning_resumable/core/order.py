@@ -23,7 +23,7 @@ import torch
 
 from lightning_resumable.format._keys import MASK32, domain_key, epoch_order_round_keys
 
-__all__ = ["MAX_SIZE", "EpochOrder", "one_thread", "position_hash"]
+__all__ = ["MAX_SIZE", "EpochOrder", "one_thread", "orders_at", "position_hash", "round_keys"]
 
 MAX_SIZE = 1 << 40
 """The largest dataset the order supports: positions and halves must fit int64 arithmetic."""
@@ -75,6 +75,61 @@ def position_hash(seed: int, epoch: int, positions: torch.Tensor, domain: int) -
     return (high << 32) | low
 
 
+Keys = list[int] | list[torch.Tensor]
+"""The round keys of a Feistel pass: one int each, or one per element."""
+
+
+def _encrypt(values: torch.Tensor, side: int | torch.Tensor, round_keys: Keys) -> torch.Tensor:
+    """One pass of the Feistel network over Z_side x Z_side (a bijection of [0, side**2)); ``side`` and
+    the keys are one for all values, or one per value."""
+    left = torch.div(values, side, rounding_mode="floor")
+    right = values - left * side
+    for key in round_keys:
+        # Lemire's range reduction maps the 32-bit hash onto [0, side) without a division.
+        mixed = _hash32(right ^ key).mul_(side).bitwise_right_shift_(32)
+        mixed += left
+        mixed -= (mixed >= side) * side  # (left + F(right)) mod side, both terms below side
+        left, right = right, mixed
+    left *= side
+    left += right
+    return left
+
+
+def _walked(positions: torch.Tensor, size: int | torch.Tensor, side: int | torch.Tensor, keys: Keys) -> torch.Tensor:
+    """The Feistel pass, cycle-walked into ``[0, size)``."""
+    indices = _encrypt(positions, side, keys)
+    each = isinstance(size, torch.Tensor)
+    outside = torch.nonzero(indices >= size).squeeze(1)
+    while outside.numel():
+        if each:
+            assert isinstance(size, torch.Tensor) and isinstance(side, torch.Tensor)
+            walked = _encrypt(indices[outside], side[outside], [key[outside] for key in keys])  # type: ignore[index]
+            indices[outside] = walked
+            outside = outside[walked >= size[outside]]
+        else:
+            walked = _encrypt(indices.index_select(0, outside), side, keys)
+            indices.index_copy_(0, outside, walked)
+            outside = outside[walked >= size]
+    return indices
+
+
+def orders_at(positions: torch.Tensor, sizes: torch.Tensor, round_keys: torch.Tensor) -> torch.Tensor:
+    """``EpochOrder(size, seed, epoch)(position)`` for each element, its size and its order's round keys
+    (``(n, 3)``, `lightning_resumable.format._keys.epoch_order_round_keys`) per element: many orders in
+    one vectorised pass (a mixture's sources and passes), each equal to its own `EpochOrder`'s."""
+    limit = sizes - 1
+    roots = torch.sqrt(limit.double()).long()  # isqrt, corrected where the double's rounding erred
+    roots += ((roots + 1) * (roots + 1) <= limit).long()
+    roots -= (roots * roots > limit).long()
+    indices = _walked(positions, sizes, roots + 1, [round_keys[:, number] for number in range(round_keys.shape[1])])
+    return torch.where(sizes == 1, positions, indices)
+
+
+def round_keys(seed: int, epoch: int) -> list[int]:
+    """The round keys of ``EpochOrder(size, seed, epoch)`` (any size), for `orders_at`."""
+    return epoch_order_round_keys(seed, epoch, _ROUNDS)
+
+
 class EpochOrder:
     """The order in which one epoch visits a dataset of ``size`` elements.
 
@@ -102,32 +157,11 @@ class EpochOrder:
         self._side = math.isqrt(size - 1) + 1
         self._round_keys = epoch_order_round_keys(seed, epoch, _ROUNDS)
 
-    def _encrypt(self, values: torch.Tensor) -> torch.Tensor:
-        """One pass of the Feistel network over Z_side x Z_side (a bijection of [0, side**2))."""
-        side = self._side
-        left = torch.div(values, side, rounding_mode="floor")
-        right = values - left * side
-        for key in self._round_keys:
-            # Lemire's range reduction maps the 32-bit hash onto [0, side) without a division.
-            mixed = _hash32(right ^ key).mul_(side).bitwise_right_shift_(32)
-            mixed += left
-            mixed -= (mixed >= side) * side  # (left + F(right)) mod side, both terms below side
-            left, right = right, mixed
-        left *= side
-        left += right
-        return left
-
     def __call__(self, positions: torch.Tensor) -> torch.Tensor:
         """Dataset indices at ``positions`` (an int64 tensor of values in ``[0, size)``)."""
         if not self.shuffle or self.size == 1:
             return positions.clone()
-        indices = self._encrypt(positions)
-        outside = torch.nonzero(indices >= self.size).squeeze(1)
-        while outside.numel():
-            walked = self._encrypt(indices.index_select(0, outside))
-            indices.index_copy_(0, outside, walked)
-            outside = outside[walked >= self.size]
-        return indices
+        return _walked(positions, self.size, self._side, self._round_keys)
 
     def index_at(self, position: int) -> int:
         """Dataset index at one position; for tools and tests, not the hot path."""
