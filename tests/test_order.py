@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_resumable import EpochOrder
-from lightning_resumable.core.order import MAX_SIZE
+from lightning_resumable.core.order import MAX_SIZE, orders_at, round_keys
 
 
 @settings(max_examples=200, deadline=None)
@@ -99,3 +99,22 @@ def test_differences_of_adjacent_indices_are_uniform(size: int) -> None:
     differences = (indices[1:] - indices[:-1]) % size
     buckets = torch.bincount(differences * 20 // size, minlength=20).tolist()
     assert chi_square(buckets) < 43.8  # 19 degrees of freedom, p = 0.001
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 2**40), st.integers(0, 2**63 - 1), st.integers(0, 50)), min_size=1, max_size=12)
+)
+def test_many_orders_in_one_pass_equal_each_epoch_order(orders: list[tuple[int, int, int]]) -> None:
+    """`orders_at` (a mixture's passes, every source at once) draws what each `EpochOrder` draws alone."""
+    sizes = [size for size, _, _ in orders] + [1, 4, 9, 10**12]  # a single sample; squares; a large one
+    seeds = [seed for _, seed, _ in orders] + [3, 5, 7, 11]
+    epochs = [epoch for _, _, epoch in orders] + [0, 1, 2, 3]
+    positions = [(seed * 7919 + epoch) % size for size, seed, epoch in zip(sizes, seeds, epochs, strict=True)]
+    keys = torch.tensor([round_keys(seed, epoch) for seed, epoch in zip(seeds, epochs, strict=True)])
+    drawn = orders_at(torch.tensor(positions), torch.tensor(sizes), keys).tolist()
+    each = [
+        EpochOrder(size, seed, epoch).index_at(position)
+        for size, seed, epoch, position in zip(sizes, seeds, epochs, positions, strict=True)
+    ]
+    assert drawn == each
