@@ -53,6 +53,14 @@ def drawn(sampler: MixtureSampler, keys: list[Any]) -> list[tuple[str, int]]:
     return [sampler.mixture.locate(index) for index, _ in keys]
 
 
+def in_stream_order(per_rank: list[list[Any]], batch_size: int) -> list[Any]:
+    """What ranks read, in stream order: each global batch is rank 0's batch, then rank 1's, ..."""
+    steps = len(per_rank[0]) // batch_size
+    return [
+        draw for step in range(steps) for rank in per_rank for draw in rank[step * batch_size : (step + 1) * batch_size]
+    ]
+
+
 def read_epochs(owner: MixtureOwner, epochs: int) -> list[tuple[str, int]]:
     """On one process: the rest of the current epoch, then ``epochs - 1`` more, as (source, index) draws."""
     sampler, found = owner.sampler, []
@@ -118,6 +126,16 @@ def test_each_source_is_read_without_replacement_within_each_pass(
                 assert sorted(one_pass) == list(range(size)), f"{name} skips a sample in a pass"
 
 
+def test_each_rank_reads_a_block_of_every_global_batch_and_every_window_is_in_proportion() -> None:
+    weights = {"web": 5, "code": 3, "books": 2}
+    samplers = [owner_for(mixture(weights, samples_per_epoch=400), 2, rank, batch_size=10).sampler for rank in range(2)]
+    for sampler in samplers:
+        sources = [name for name, _ in drawn(sampler, list(iter(sampler)))]
+        for step in range(len(sources) // 10):
+            counts = Counter(sources[step * 10 : (step + 1) * 10])
+            assert all(abs(counts[name] - 10 * weight / 10) < 2 for name, weight in weights.items()), counts
+
+
 def test_the_ranks_read_the_stream_in_whole_global_batches_across_epochs() -> None:
     mix = mixture({"web": 5, "code": 3, "books": 2}, samples_per_epoch=21)
     samplers = [owner_for(mix, world_size=2, rank=rank, batch_size=3).sampler for rank in range(2)]
@@ -128,7 +146,7 @@ def test_the_ranks_read_the_stream_in_whole_global_batches_across_epochs() -> No
             sampler.set_epoch(epoch)
             per_rank.append(drawn(sampler, list(iter(sampler))))
             assert len(sampler) == 12, "21 samples round up to 4 global batches of 6: 12 on each rank"
-        stream += [draw for pair in zip(*per_rank, strict=True) for draw in pair]  # rank r: positions r, r + 2, ...
+        stream += in_stream_order(per_rank, 3)
     assert stream == replayed_mixture(SIZES, SEED, [(0, {"web": 5, "code": 3, "books": 2})], 72)
 
 
@@ -136,7 +154,7 @@ def test_a_sample_is_seeded_by_its_stream_position() -> None:
     one = owner_for(mixture({"web": 1, "code": 1, "books": 1})).sampler
     two = [owner_for(mixture({"web": 1, "code": 1, "books": 1}), 2, rank).sampler for rank in range(2)]
     alone = [seed for _, seed in iter(one)]  # 25 samples: 28 on one process (7 steps of 4), 32 on two
-    split = [seed for pair in zip(*(list(iter(each)) for each in two), strict=True) for _, seed in pair]
+    split = [seed for _, seed in in_stream_order([list(iter(each)) for each in two], 4)]
     assert (len(alone), len(split)) == (28, 32)
     assert alone == split[:28] and len(set(split)) == len(split)
 
@@ -219,8 +237,7 @@ def test_a_resume_on_one_process_continues_the_stream_of_two() -> None:
     for owner in ranks:
         owner.start_fresh(0)
     per_rank = [drawn(owner.sampler, list(iter(owner.sampler)))[:8] for owner in ranks]  # 2 steps of 4 on each
-    # the stream: global batch by global batch, rank r at offsets r, r + 2, ... of it
-    trained = [per_rank[rank][4 * step + place] for step in range(2) for place in range(4) for rank in range(2)]
+    trained = in_stream_order(per_rank, 4)
     owner = resumed(mixture(weights, samples_per_epoch=30), save(ranks[0], 2), world_size=1)
     sampler = owner.sampler
     assert sampler.stream_length == 32, "16 trained on two, the 14 left of 30 rounded up to 4 steps of 4 on one"

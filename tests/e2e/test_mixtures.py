@@ -77,22 +77,20 @@ def test_a_source_added_and_one_removed_equal_a_run_whose_weights_change_there(r
     assert {sample // 1000 for sample in after} == {0, 1, 3}, "the new source is drawn, the removed one is not"
 
 
-def stream_order(records: Records, batch_size: int) -> list[tuple[int, list[float]]]:
-    """Every rank's samples in stream order, with their augmentations: rank ``r`` of ``W`` trains
-    places ``r, r + W, ...`` of each global batch."""
+def stream_order(records: Records) -> list[tuple[int, list[float]]]:
+    """Every rank's samples in stream order, with their augmentations: each global batch is rank 0's
+    batch, then rank 1's, ..."""
     ordered = []
     for steps in zip(*(records[rank] for rank in sorted(records)), strict=True):
-        for place in range(batch_size):
-            ordered += [(step["ids"][place], step["aug"][place]) for step in steps]
+        ordered += [(sample, values) for step in steps for sample, values in zip(step["ids"], step["aug"], strict=True)]
     return ordered
 
 
 def test_a_resume_on_one_process_with_other_weights_continues_the_stream_of_two(runner: Runner) -> None:
     changed = replace(BASE, resume_world_size=1, resume_mixture_weights=((0, SHIFTED),))
     reference = runner.full(replace(BASE, mixture_weights=((0, FIRST), (STEPS_AT_STOP, SHIFTED))))
-    interrupted = stream_order(runner.stopped(changed), BASE.batch_size)
-    interrupted += stream_order(runner.resumed(changed), BASE.batch_size)
-    expected = stream_order(reference, BASE.batch_size)
+    interrupted = stream_order(runner.stopped(changed)) + stream_order(runner.resumed(changed))
+    expected = stream_order(reference)
     assert len(interrupted) == len(expected), "the epochs hold whole global batches on either world size"
     differing = [i for i, (got, want) in enumerate(zip(interrupted, expected, strict=True)) if got != want]
     assert not differing, f"stream position {differing[0]}: {interrupted[differing[0]]}, not {expected[differing[0]]}"

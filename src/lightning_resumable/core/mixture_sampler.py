@@ -3,7 +3,9 @@
 Promise: an epoch is a stretch of the stream that holds whole global batches (``samples_per_epoch``
 rounded up to a multiple of ``batch_size * world_size``, from where the epoch's world size took
 over), so no rank is padded and no sample is dropped: the stream is trained position after
-position, each once, across epochs, resumes and world sizes. Each sample's seed is keyed by its
+position, each once, across epochs, resumes and world sizes. Within a global batch each rank takes a
+block of consecutive positions (not every ``W``-th, as ``DistributedSampler`` does), so each rank's
+batch holds the sources in proportion, not only the global batch. Each sample's seed is keyed by its
 stream position, so a sample's augmentation is the same in any run that trains that position.
 """
 
@@ -144,7 +146,18 @@ class MixtureSampler(ResumableSampler):
         return self.epoch_start(self.epoch) + position
 
     def _chunk_between(self, start: int, stop: int) -> list[Any]:
-        positions = torch.arange(start, stop, self.num_replicas) + self.epoch_start(self.epoch)
+        """This rank's samples at its places ``start, start + W, ... < stop`` (as `ResumableSampler` counts
+        them from the origin), laid out in blocks: within each global batch, rank ``r`` takes the
+        ``batch_size`` consecutive positions after ``r`` batches, so each rank's batch is a window of the
+        interleave, in proportion as the whole global batch is."""
+        places = torch.div(
+            torch.arange(start, stop, self.num_replicas) - self._origin_position - self.rank,
+            self.num_replicas,
+            rounding_mode="floor",
+        )
+        batches, within = torch.div(places, self.batch_size, rounding_mode="floor"), places % self.batch_size
+        positions = self._origin_position + batches * self.global_batch + self.rank * self.batch_size + within
+        positions += self.epoch_start(self.epoch)
         indices = self.stream.indices(positions).tolist()
         if not self.sample_keys:
             return list(indices)
