@@ -10,12 +10,15 @@ their augmentations, are the uninterrupted two-process run's with the same chang
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from . import processes
 from .data_setups import MIXTURE_SOURCES
-from .harness import Outcome, Records, Runner, Scenario
+from .harness import RUN_TIMEOUT_S, Outcome, Records, Runner, Scenario
 
 FIRST = (("a", 5), ("b", 3), ("c", 2))
 SHIFTED = (("a", 1), ("b", 1), ("c", 6))
@@ -94,3 +97,18 @@ def test_a_resume_on_one_process_with_other_weights_continues_the_stream_of_two(
     assert len(interrupted) == len(expected), "the epochs hold whole global batches on either world size"
     differing = [i for i, (got, want) in enumerate(zip(interrupted, expected, strict=True)) if got != want]
     assert not differing, f"stream position {differing[0]}: {interrupted[differing[0]]}, not {expected[differing[0]]}"
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mixture_schedule.py"
+
+
+def test_the_mixture_example_resumes_with_new_weights_as_the_changed_schedule(tmp_path: Path) -> None:
+    """``examples/mixture_schedule.py``: 2 processes, 2 workers, each run ending as a user's process does."""
+    log = tmp_path / "example.log"
+    code = processes.run_tree([sys.executable, str(EXAMPLE)], log, tmp_path, 3 * RUN_TIMEOUT_S, "the mixture example")
+    output = log.read_text()
+    assert code == 0 and "EXACT: the resumed run equals the run whose schedule changed there" in output, output[-4000:]
+    for rank in range(2):
+        assert (
+            f"rank {rank}: 30 steps; the stopped and resumed run has the same ids in 30, augmentations in 30" in output
+        )
