@@ -293,7 +293,7 @@ def test_a_loader_with_an_order_of_its_own_is_refused() -> None:
 
 # ----------------------------------------------------------------------------------------- tools
 class MixtureData(ResumableDataModule, L.LightningDataModule):
-    """One-process training on a mixture of ``[float(id)]`` samples (source ``code``'s ids from 100)."""
+    """One-process training on a mixture of ``(tensor([id]),)`` samples (source ``code``'s ids from 100)."""
 
     def __init__(self, weights: Any) -> None:
         super().__init__()
@@ -301,8 +301,8 @@ class MixtureData(ResumableDataModule, L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader[Any]:
         sources = {
-            "web": [torch.tensor([float(i)]) for i in range(13)],
-            "code": [torch.tensor([100.0 + i]) for i in range(7)],
+            "web": [(torch.tensor([float(i)]),) for i in range(13)],
+            "code": [(torch.tensor([100.0 + i]),) for i in range(7)],
         }
         return DataLoader(Mixture(sources, self.weights, samples_per_epoch=16), batch_size=2)
 
@@ -332,3 +332,43 @@ def test_inspect_shows_each_sources_weight_pass_and_position(tmp_path: Path) -> 
     }
     shown = render(path, summary)
     assert re.search(r"source 'web' +weight 0\.75 \(3/4\), pass 1, 2 of 13 read", shown), shown
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 20), weights_strategy), max_size=3),
+    weights_strategy,
+    st.integers(0, 24),
+    st.sampled_from([1, 2]),
+)
+def test_a_restore_at_any_step_reads_on_as_the_replay(
+    later: list[tuple[int, dict[str, int]]], first: dict[str, int], stop: int, world_size: int
+) -> None:
+    """Random schedules by steps, a save after any number of steps on 1 or 2 processes, a resume on one."""
+    schedule = WeightSchedule({0: first, **dict(later)})
+    ranks = [owner_for(mixture(schedule, samples_per_epoch=48), world_size, rank) for rank in range(world_size)]
+    for owner in ranks:
+        owner.start_fresh(0)
+    epoch_steps = len(ranks[0].sampler) // 4
+    before = in_stream_order([drawn(owner.sampler, list(iter(owner.sampler))) for owner in ranks], 4)
+    ranks[0].sampler.set_epoch(stop // epoch_steps)
+    owner = resumed(mixture(schedule), save(ranks[0], stop % epoch_steps))
+    after = read_epochs(owner, 2)
+    changes = [
+        (step * 4 * world_size if step <= stop else stop * 4 * world_size + (step - stop) * 4, weights)
+        for step, weights in sorted({0: first, **dict(later)}.items())
+    ]
+    replay = replayed_mixture(SIZES, SEED, changes, stop * 4 * world_size + len(after))
+    assert before[: stop * 4 * world_size][: len(replay)] == replay[: min(len(before), stop * 4 * world_size)]
+    assert after == replay[stop * 4 * world_size :]
+
+
+def test_a_loader_built_again_each_epoch_continues_the_stream(tmp_path: Path) -> None:
+    weights = {"web": 3, "code": 1}
+    model = Model()
+    callback = ResumableDataCallback()
+    fitted = trainer(tmp_path, [callback], max_epochs=3, reload_dataloaders_every_n_epochs=1)
+    fitted.fit(model, MixtureData(weights))
+    seen = [value for step in model.seen for value in step]
+    replay = replayed_mixture({"web": 13, "code": 7}, callback.shuffle_seed(fitted), [(0, weights)], 48)
+    assert seen == [float(index + (100 if name == "code" else 0)) for name, index in replay]
