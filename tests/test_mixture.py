@@ -363,12 +363,17 @@ def test_a_restore_at_any_step_reads_on_as_the_replay(
     assert after == replay[stop * 4 * world_size :]
 
 
-def test_a_loader_built_again_each_epoch_continues_the_stream(tmp_path: Path) -> None:
-    weights = {"web": 3, "code": 1}
-    model = Model()
-    callback = ResumableDataCallback()
-    fitted = trainer(tmp_path, [callback], max_epochs=3, reload_dataloaders_every_n_epochs=1)
-    fitted.fit(model, MixtureData(weights))
-    seen = [value for step in model.seen for value in step]
-    replay = replayed_mixture({"web": 13, "code": 7}, callback.shuffle_seed(fitted), [(0, weights)], 48)
+def test_a_loader_built_again_each_epoch_continues_the_stream_a_resume_changed(tmp_path: Path) -> None:
+    """After a resume with new weights, each epoch's new loader goes on with them (a fresh one would not)."""
+    first, later = {"web": 3, "code": 1}, {"web": 1, "code": 3}
+    path = tmp_path / "stopped.ckpt"
+    stopped, callback = Model(), ResumableDataCallback()
+    trainer(tmp_path / "stop", [callback, SaveAtStep(5, path)], max_epochs=1).fit(stopped, MixtureData(first))
+    resumed_model = Model()
+    options = {"max_epochs": 3, "reload_dataloaders_every_n_epochs": 1}
+    trainer(tmp_path / "resume", [ResumableDataCallback()], **options).fit(
+        resumed_model, MixtureData(later), ckpt_path=path
+    )
+    seen = [value for step in stopped.seen[:5] + resumed_model.seen for value in step]
+    replay = replayed_mixture({"web": 13, "code": 7}, callback.shuffle_seed(None), [(0, first), (10, later)], 48)  # type: ignore[arg-type]
     assert seen == [float(index + (100 if name == "code" else 0)) for name, index in replay]
