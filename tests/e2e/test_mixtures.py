@@ -44,6 +44,14 @@ def test_unchanged_weights_resume_exactly(runner: Runner) -> None:
     assert sources == {0, 1, 2}, "every source is drawn"
 
 
+@pytest.mark.parametrize("stop_kind", ["last_batch", "in_step", "validation"])
+def test_a_checkpoint_at_an_epochs_end_inside_a_step_or_at_a_validation_resumes_exactly(
+    runner: Runner, stop_kind: str
+) -> None:
+    """The epoch boundary of a mixture's stream (the next epoch starts where this one's whole batches end)."""
+    assert_exact(runner, runner.run(replace(BASE, stop_kind=stop_kind)))
+
+
 def test_weights_changed_at_a_resume_equal_a_schedule_that_changes_there(runner: Runner) -> None:
     changed = replace(BASE, resume_mixture_weights=((0, SHIFTED),))
     reference = replace(BASE, mixture_weights=((0, FIRST), (STEPS_AT_STOP, SHIFTED)))
