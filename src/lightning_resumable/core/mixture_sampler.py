@@ -130,12 +130,11 @@ class MixtureSampler(ResumableSampler):
         self._epoch_origin = (epoch, start)
 
     def restore(self, saved: DataState) -> None:
+        """After `start_at` (the owner's), which sets the saved epoch: an epoch's end is saved as the next
+        epoch's start, so the base class's "the loop has begun the next epoch" case never arises here."""
         start = self.epoch_start(saved.epoch)
         super().restore(saved)
-        if self.epoch == saved.epoch:
-            self._epoch_origin = (saved.epoch, start)
-        else:  # a complete epoch restored into a loop that began the next one
-            self._epoch_origin = (self.epoch, start + (saved.stream_length or 0))
+        self._epoch_origin = (saved.epoch, start)
 
     def state_at_start(self, epoch: int, cycle: int) -> DataState:
         return self.data_state().at_start(epoch, cycle, whole_batches(self.draws.length, self.global_batch))
