@@ -79,7 +79,11 @@ def throughput_ratio(size: int, repeats: int) -> float:
 
 
 def oversubscribed_ratio(size: int, repeats: int) -> float:
-    """`throughput_ratio` with torch's default intra-op threads while two busy processes hold the cores."""
+    """`throughput_ratio` with torch's default intra-op threads while two busy processes hold the cores.
+
+    The scheduler preempts either sampler's epoch at random there: best of 2 once measured 0.95x in CI
+    where its median is about 1.9x, so each side takes the best of ``repeats`` (5 in both modes).
+    """
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)  # torch's default
@@ -123,7 +127,7 @@ def main() -> int:
         ),
         (
             "a mixture at 10^7 / a plain dataset (fresh)",
-            mixture_restore_ratio(10**7, 1 if quick else 3),
+            mixture_restore_ratio(10**7, 3 if quick else 5),  # medians: one fresh process measured 2.7x
             "x",
             "<",
             2.0,
@@ -132,7 +136,7 @@ def main() -> int:
         ("epoch indices vs DistributedSampler (x faster)", throughput_ratio(10**6, 2 if quick else 5), "x", ">=", 1.0),
         (
             "the same, default threads, 2 busy processes",
-            oversubscribed_ratio(10**6 if quick else 2 * 10**6, 2 if quick else 3),
+            oversubscribed_ratio(10**6 if quick else 2 * 10**6, 5),  # best of 5: the spinning processes preempt it
             "x",
             ">=",
             1.0,
