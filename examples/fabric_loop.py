@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_resumable import ResumableSampler
-from lightning_resumable.lightning.fabric import loader_state, restore_loader
+from lightning_resumable.fabric import loader_state, restore_loader
 
 EPOCHS, BATCH_SIZE, WORLD_SIZE = 3, 4, 2
 STOP_AT = (1, 3)  # (epoch, batches trained in it)

@@ -55,8 +55,12 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
     assert [module for module in graph if reaches(module, module, set())] == []
 
 
+FACADES = {"lightning_resumable.fabric": {"lightning_resumable.lightning.fabric"}}
+"""Public homes that re-export from a layer, and what each may import."""
+
+
 def test_every_module_lives_in_a_layer() -> None:
-    top = {"lightning_resumable", "lightning_resumable.__main__", "lightning_resumable.errors"}
+    top = {"lightning_resumable", "lightning_resumable.__main__", "lightning_resumable.errors", *FACADES}
     assert {module for module in MODULES if layer_of(module) is None and module not in LAYERS} - top == {
         f"lightning_resumable.{layer}" for layer in LAYERS
     }
@@ -104,3 +108,12 @@ def test_no_test_module_imports_another() -> None:
         path.relative_to(tests).as_posix() for path in tests.rglob("*.py") if re.search(pattern, path.read_text(), re.M)
     ]
     assert importing == []
+
+
+def test_a_facade_only_re_exports() -> None:
+    graph = imports()
+    for facade, allowed in FACADES.items():
+        assert graph[facade] == allowed, facade
+        tree = ast.parse(MODULES[facade].read_text())
+        code = [node for node in tree.body if not isinstance(node, (ast.Expr, ast.ImportFrom, ast.Assign))]
+        assert code == [], f"{facade} holds code of its own"

@@ -12,7 +12,7 @@ from torch.utils.data import IterableDataset
 
 from lightning_resumable.errors import IncompatibleStateError, WorldSizeChangedError
 from lightning_resumable.format.envelope import StreamState
-from lightning_resumable.lightning.owners import StreamOwner
+from lightning_resumable.lightning.stream_owner import StreamOwner
 from lightning_resumable.lightning.world_size import check_world_size
 from lightning_resumable.readers.base import StreamReader
 

@@ -79,7 +79,8 @@ def test_same_world_size_resume_continues_every_rank_exactly(
         restored.load_state_dict(json.loads(json.dumps(state)))
         restored.set_epoch(epoch)  # the trainer's set_epoch for the same epoch keeps the position
         if state["position"] >= size:
-            assert list(restored) == full_streams[rank], "a finished epoch restores to the pass after it"
+            assert list(restored) == [], "a finished epoch restores to its empty rest"
+            assert list(restored) == full_streams[rank], "and the pass after it is the epoch's order again"
             continue
         assert list(restored) == full_streams[rank][consumed * batch_size :]
         assert len(restored) == len(full_streams[rank])
@@ -110,8 +111,9 @@ def test_elastic_resume_consumes_every_sample_once_per_epoch(
     if state["position"] >= size:
         restored = sampler(new_world_size, 0)
         restored.load_state_dict(state)
+        assert list(restored) == [], "a finished epoch: its empty rest"
         again = list(restored)
-        assert restored.epoch == 0 and again == list(sampler(new_world_size, 0)), "a finished epoch: the pass after it"
+        assert restored.epoch == 0 and again == list(sampler(new_world_size, 0)), "then the pass after it"
         return
     after: list[int] = []
     lengths = set()
@@ -235,10 +237,9 @@ def test_passes_read_once_yield_nothing_after_the_first() -> None:
 
 
 @pytest.mark.parametrize("passes", ["repeat", "cycle", "once"])
-def test_a_state_saved_after_the_last_sample_restores_to_the_pass_after_it(passes: str) -> None:
-    """As torchdata's StatefulDataLoader: the same epoch's next pass (a cycle, or nothing for a loader read
-    once), or the epoch set_epoch selects. It once restored to nothing with 0 workers and to a full pass
-    with 2 inside a StatefulDataLoader."""
+def test_a_state_saved_after_the_last_sample_restores_to_its_empty_rest_then_the_pass_after_it(passes: str) -> None:
+    """As torchdata's StatefulDistributedSampler: the epoch's empty rest, then the same epoch's next pass (a
+    cycle, or nothing for a loader read once), or the epoch set_epoch selects."""
     sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4, passes=passes)  # type: ignore[arg-type]
     sampler.set_epoch(2)
     first_pass = list(sampler)
@@ -248,6 +249,7 @@ def test_a_state_saved_after_the_last_sample_restores_to_the_pass_after_it(passe
     restored = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4, passes=passes)  # type: ignore[arg-type]
     restored.load_state_dict(saved)
     restored.set_epoch(2)  # a plain loop resuming at the saved epoch
+    assert list(restored) == []
     assert list(restored) == second_pass
     assert (second_pass == first_pass) == (passes == "repeat") and (second_pass == []) == (passes == "once")
     restored.load_state_dict(saved)
@@ -328,7 +330,7 @@ def test_consumed_batches_before_the_restored_position_are_refused() -> None:
     sampler = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
     restored = ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=4)
     restored.load_state_dict(sampler.state_dict(3))
-    with pytest.raises(ValueError, match="fewer than the batches at the restored position"):
+    with pytest.raises(ValueError, match="cannot be fewer than the restored"):
         restored.data_state(2)
 
 
@@ -411,3 +413,24 @@ def test_the_anchor_is_where_the_world_size_took_over_and_a_handed_out_count_has
     iterator = iter(same)
     next(iterator)
     assert (same.data_state().position, same.data_state().anchor_position) == (1, None)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_a_plain_loop_that_saves_at_the_epochs_last_sample_trains_nothing_twice(world_size: int) -> None:
+    """A DistributedSampler loop: iterate to the epoch's last sample (the iterator not exhausted), save,
+    restore, ``set_epoch`` of the same epoch: the rest of the epoch is empty, as with torchdata's
+    StatefulDistributedSampler (the whole epoch again before: a loop saving after every step trained it twice)."""
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+    for make in (ResumableSampler, StatefulDistributedSampler):
+        for rank in range(world_size):
+            sampler = make(range(12), num_replicas=world_size, rank=rank, seed=5)  # type: ignore[operator]
+            sampler.set_epoch(1)
+            iterator = iter(sampler)
+            taken = [next(iterator) for _ in range(len(sampler))]
+            assert len(taken) == 12 // world_size
+            state = sampler.state_dict()
+            restored = make(range(12), num_replicas=world_size, rank=rank, seed=5)  # type: ignore[operator]
+            restored.load_state_dict(state)
+            restored.set_epoch(1)  # the loop's epoch (ours is in the state too: state["epoch"] == 1)
+            assert list(restored) == [], f"{make.__name__} rank {rank}: the epoch's rest is empty"

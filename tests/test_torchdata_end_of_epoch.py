@@ -109,14 +109,15 @@ def test_a_loop_resumed_after_an_epochs_last_batch_goes_on_with_the_next_epoch(
     assert [epoch_of(resumed, epoch) for epoch in (1, 2)] == expected[1:]
 
 
-def test_a_sampler_restored_from_a_complete_state_alone_goes_on_with_the_pass_after_it() -> None:
-    """Without torchdata's loader state the two end-of-epoch states look alike: a complete epoch's state
-    restores, as 0.2.0's did, to the pass after it (checkpoints keep their batches across releases)."""
+def test_a_sampler_restored_from_a_complete_state_alone_yields_its_empty_rest_then_the_pass_after_it() -> None:
+    """Without torchdata's loader state a complete epoch's state restores, as torchdata's
+    StatefulDistributedSampler does, to the epoch's empty rest; the pass after it is the next one."""
     sampler = ResumableSampler(list(range(10)), 2, 1, seed=3, batch_size=2)
     epoch = list(sampler)
     state = sampler.state_dict(3)  # 5 samples a rank: the last batch has one
     restored = ResumableSampler(list(range(10)), 2, 1, seed=0, batch_size=2)
     restored.load_state_dict(state)
+    assert list(restored) == []
     assert list(restored) == epoch
     restored.load_state_dict(state)
     restored.set_epoch(1)  # the next epoch: the restore of a complete epoch is not needed

@@ -127,9 +127,27 @@ class ProducedBatches:
 _MISSING = object()
 
 
+class _WatchedFactory:
+    """Makes the loader's iterators, each watched by ``produced``. A watch belongs to the run: a pickled
+    loader (``torch.save(trainer)``, a spawned worker) carries the loader's own factory instead."""
+
+    def __init__(self, produced: ProducedBatches, make: Callable[[], Any]) -> None:
+        self.produced, self.make = produced, make
+
+    def __call__(self) -> Any:
+        return self.produced.watch(self.make())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _unwatched, (self.make,)
+
+
+def _unwatched(make: Callable[[], Any]) -> Callable[[], Any]:
+    return make
+
+
 def watch_loader(loader: DataLoader[Any], produced: ProducedBatches) -> None:
     """Record in ``produced`` every batch of every iterator ``loader`` makes from now on (replacing a
     previous watch of the same loader)."""
     make = loader.__dict__.get(_UNWATCHED) or iterator_factory(loader)
     loader.__dict__[_UNWATCHED] = make
-    set_iterator_factory(loader, lambda: produced.watch(make()))
+    set_iterator_factory(loader, _WatchedFactory(produced, make))

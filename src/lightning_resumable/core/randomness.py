@@ -23,8 +23,9 @@ created, or whether the run was interrupted. Nothing is persisted: the seeds are
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -109,6 +110,22 @@ class GlobalGeneratorState:
         torch.default_generator.set_state(self.torch_state)
         random.setstate(self.python_state)
         np.random.set_state(self.numpy_state)
+
+
+@contextlib.contextmanager
+def global_generators_kept() -> Iterator[None]:
+    """Whatever runs inside leaves the global generators (torch's CPU and CUDA ones, ``random``, NumPy's)
+    as it found them: a save fetches samples again in the main process to fingerprint them, and a run
+    that checkpoints must draw what a run that does not draws."""
+    kept = GlobalGeneratorState()
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    cuda_states = torch.cuda.get_rng_state_all() if cuda else None
+    try:
+        yield
+    finally:
+        kept.restore()
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
 
 
 def begin_sample(seed: int, seed_globals: bool) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DistributedSampler
 
+from lightning_resumable.core.deprecated import DeprecatedSpellings
 from lightning_resumable.core.draws import Draws, Permutation
 from lightning_resumable.core.order import MAX_SIZE, one_thread
 from lightning_resumable.core.passes import HandedOut, SamplerPass
@@ -34,7 +35,7 @@ enough to stay in cache. The first chunks are smaller (from ``_FIRST_CHUNK``, gr
 the first batch after a restore costs microseconds."""
 
 
-class ResumableSampler(DistributedSampler[Any]):
+class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
     """Exactly resumable replacement for ``DistributedSampler``.
 
     The epoch's stream is its ``draws`` keyed by ``(seed, epoch)``: a permutation (`EpochOrder`) by
@@ -59,17 +60,14 @@ class ResumableSampler(DistributedSampler[Any]):
             of the dataset (the identity without ``shuffle``). Given draws, ``shuffle`` is theirs.
         sample_keys: yield ``(index, sample seed)`` pairs, the seed derived from ``(seed, epoch, global
             position)``, for a `SampleSeededDataset` to fetch each sample under its own seed.
-        drop_last_batch: the loader's ``drop_last``, recorded in the state so that a resume with
-            another one is refused (the sampler's stream does not depend on it).
-        passes: what a pass of an epoch after one that ran to its end yields. ``"repeat"`` (the
-            default) the epoch's order again, as ``DistributedSampler`` does; ``"cycle"`` the
-            epoch's next *cycle*, a stream of its own keyed by ``(seed, epoch, cycle)``, for a loader
-            ``CombinedLoader`` restarts in ``max_size_cycle`` mode; ``"once"`` nothing, for a loader
-            read once per epoch among several (``max_size``, ``min_size``). The library sets the last two.
+        drop_last_batch: the loader's ``drop_last``, recorded so that a resume with another is refused.
+        passes: what a pass after a complete one yields: ``"repeat"`` the epoch's order again (as
+            ``DistributedSampler``), ``"cycle"`` the epoch's next cycle (keyed by ``(seed, epoch, cycle)``,
+            for ``max_size_cycle``), ``"once"`` nothing (``max_size``, ``min_size``); the library sets the last two.
 
     A restore (`load_state_dict`) applies to the next pass only; a state saved after the epoch's last
-    sample restores to the pass after it, or to an empty one inside a torchdata ``StatefulDataLoader``
-    that had not run out (`lightning_resumable.core.passes`).
+    sample restores to an empty pass (the epoch's rest), or inside a torchdata ``StatefulDataLoader``
+    whose iterator had run out, to the pass after it (`lightning_resumable.core.passes`).
 
     Example:
         ```python
@@ -94,8 +92,7 @@ class ResumableSampler(DistributedSampler[Any]):
         drop_last_batch: bool = False,
         passes: Passes = "repeat",
     ) -> None:
-        # torch annotates Dataset; any Sized works
-        super().__init__(dataset, num_replicas, rank, shuffle, seed, drop_last)  # type: ignore[arg-type]
+        super().__init__(dataset, num_replicas, rank, shuffle, seed, drop_last)  # type: ignore[arg-type]  # any Sized
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if len(dataset) > MAX_SIZE:
@@ -138,15 +135,14 @@ class ResumableSampler(DistributedSampler[Any]):
         """
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
-        if self._origin_is_restored and epoch != self.epoch:
-            complete = self._origin_position >= self.stream_length
-            if not (complete and epoch == self.epoch + 1):
-                raise PendingRestoreError(
-                    f"set_epoch({epoch}) after a restore of epoch {self.epoch} at position {self._origin_position}"
-                    f" would start epoch {epoch} from its beginning and drop the restored position. Under Fabric,"
-                    " setup_dataloaders calls set_epoch(number of passes) on every pass: restore the loader with"
-                    " lightning_resumable.lightning.fabric.restore_loader(loader, state)"
-                )
+        spends_restore = self.restored_to_end and epoch == self.epoch + 1
+        if self._origin_is_restored and epoch != self.epoch and not spends_restore:
+            raise PendingRestoreError(
+                f"set_epoch({epoch}) after a restore of epoch {self.epoch} at position {self._origin_position}"
+                f" would start epoch {epoch} from its beginning and drop the restored position. Under Fabric,"
+                " setup_dataloaders calls set_epoch(number of passes) on every pass: restore the loader with"
+                " lightning_resumable.fabric.restore_loader(loader, state)"
+            )
         if epoch != self.epoch:
             self.epoch = epoch
             self.cycle, self._pass_complete = 0, False
@@ -158,9 +154,7 @@ class ResumableSampler(DistributedSampler[Any]):
         self._start_fresh_pass()
 
     def _start_fresh_pass(self) -> None:
-        self._origin_position = self._origin_batches = 0
-        self._origin_is_restored = False
-        self._anchor = (0, 0)
+        self._origin_position, self._origin_batches, self._origin_is_restored, self._anchor = 0, 0, False, (0, 0)
 
     # -------------------------------------------------------------------------------- iteration
     @property
@@ -193,9 +187,9 @@ class ResumableSampler(DistributedSampler[Any]):
             self._start_fresh_pass()
             self._pass_complete = True
         if self._origin_is_restored:
-            self._origin_is_restored = False  # this pass starts at the restored position; later ones at 0
-            if self._origin_position >= self.stream_length and self._restored_pass is None and self.passes != "once":
-                self._next_pass()  # a complete epoch restored from its state alone: the pass after it
+            # This pass starts at the restored position (a complete epoch's: its empty rest, as torchdata's
+            # StatefulDistributedSampler yields, so a loop that saves after every step trains nothing twice).
+            self._origin_is_restored = False
         elif self._pass_complete:
             if self.passes == "once":
                 return  # read once this epoch
@@ -276,10 +270,7 @@ class ResumableSampler(DistributedSampler[Any]):
             position = self._origin_position + handed_out * self.num_replicas
             batches = self._origin_batches + handed_out // self.batch_size
         elif batches < self._origin_batches:
-            raise ValueError(
-                f"consumed batches ({batches}) cannot be fewer than the batches at the restored position"
-                f" ({self._origin_batches})"
-            )
+            raise ValueError(f"consumed batches ({batches}) cannot be fewer than the restored ({self._origin_batches})")
         else:
             position = self._origin_position + (batches - self._origin_batches) * self.batch_size * self.num_replicas
             anchor = self._anchor
@@ -302,14 +293,16 @@ class ResumableSampler(DistributedSampler[Any]):
 
     def state_dict(self, batches: int | None = None) -> dict[str, Any]:
         """`data_state` in plain types: ``seed``, ``epoch``, ``position`` (all ranks), ``batches`` and the setup."""
-        return self.data_state(batches).to_dict()
+        return self.data_state(self.declared_batches() if batches is None else batches).to_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Start the saved epoch at the saved global position on the next ``iter()`` (that one only).
 
         A state at or past the epoch's last sample restores as a complete epoch: the next ``iter()``
-        is the pass after it. Into a sampler already set to the epoch after it, it restores only the seed
-        (torchdata restores at the first ``iter()``, after a loop's ``set_epoch`` of the next epoch).
+        yields its empty rest (as torchdata's ``StatefulDistributedSampler``), the one after it, or
+        ``set_epoch`` of the next epoch, starts anew. Into a sampler already set to the epoch after it, it
+        restores only the seed (torchdata restores at the first ``iter()``, after a loop's ``set_epoch``
+        of the next epoch).
 
         Raises:
             StateFormatError: the state is malformed.
@@ -332,15 +325,24 @@ class ResumableSampler(DistributedSampler[Any]):
         resized = saved.world_size != self.num_replicas
         self._anchor = (saved.position, saved.batches) if resized else (saved.anchor_position, saved.anchor_batches)
         self._origin_is_restored, self._restored_pass = True, None
-        if epoch_set == saved.epoch + 1 and saved.position >= self.stream_length:
-            self.epoch, self.cycle = epoch_set, 0  # the loop has begun the next epoch: start it
-            self._start_fresh_pass()
+        if epoch_set == saved.epoch + 1 and self.restored_to_end:
+            self.set_epoch(epoch_set)  # the loop has begun the next epoch: start it
 
     def _restore_into(self, number: int, state: Mapping[str, Any]) -> None:
         """torchdata's `SamplerPass.load_state_dict`: the restore is pass ``number``'s, none other's."""
         self.load_state_dict(state)
         if self._origin_is_restored:
             self._restored_pass = number
+
+    def end_restored_epoch(self) -> None:
+        """The loop ends the restored epoch here (``limit_train_batches`` reached): its rest is never read."""
+        self._pass_complete = self._pass_complete or self._origin_is_restored
+        self._origin_is_restored = False
+
+    @property
+    def restored_to_end(self) -> bool:
+        """Whether a restore not yet iterated holds its epoch's end (its pass reads nothing)."""
+        return self._origin_is_restored and self._origin_position >= self.stream_length
 
     @property
     def origin(self) -> tuple[int, int, int]:

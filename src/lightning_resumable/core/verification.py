@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.core.randomness import SampleSeededDataset
 from lightning_resumable.core.sampler import ResumableSampler
 from lightning_resumable.errors import ResumeVerificationError, UnfingerprintableBatchError
@@ -115,7 +116,15 @@ def fingerprint_next_batch(loader: DataLoader[Any], state: DataState, rank: int,
         collate = dataset.collate_fn or collate
     samples = dataset.fetch(keys, seed_globals=True, restore_globals=True)  # a save may happen mid-step
     batch = collate(samples) if samples else None
-    return BatchFingerprint(ids=digest_of(keys), content=digest_of(batch))
+    return BatchFingerprint(ids=digest_of(_named(dataset.dataset, keys)), content=digest_of(batch))
+
+
+def _named(dataset: object, keys: list[Any]) -> list[Any]:
+    """The keys as the checkpoint identifies their samples: a `Mixture`'s index names its source and the
+    index in it (its sources are taken by name, in any order, some perhaps removed or added)."""
+    if not isinstance(dataset, Mixture):
+        return keys
+    return [(dataset.locate(key[0]), *key[1:]) if isinstance(key, tuple) else dataset.locate(key) for key in keys]
 
 
 # ------------------------------------------------------------------------------- across ranks

@@ -26,9 +26,12 @@ __all__ = [
     "batches_fetched_before",
     "batches_processed",
     "combined_loader_mode",
+    "epoch_resumes_where_its_batches_stopped",
+    "given_arguments",
     "handle_preemption_signal",
     "preemption_signals",
     "rebuild_train_loader",
+    "rebuild_with_dataset",
     "reinstantiate_loader",
     "resumes_in_next_epoch",
     "saving_off_the_training_path",
@@ -122,6 +125,42 @@ def validation_resumes_from_its_start(trainer: pl.Trainer, checkpoint: dict[str,
     }
 
 
+def epoch_resumes_where_its_batches_stopped(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
+    """Make a checkpoint of an epoch that a fit ended before its last batch (``max_steps``, ``max_time``,
+    ``should_stop``) resume inside that epoch (``on_save_checkpoint``, on the dumped loops).
+
+    Lightning ends such an epoch (its ``epoch_progress`` is processed before ``on_train_epoch_end``, where
+    ``ModelCheckpoint(save_last=True)`` saves, and ``trainer.save_checkpoint`` after ``fit()`` returned sees it
+    completed): a fit extended from it would start the next epoch, the rest of this one never trained, where
+    a longer uninterrupted run trains it. The epoch's progress is written as restarted mid-epoch (``FitLoop``'s
+    ``RESTARTED_MID_EPOCH``: processed and completed one short of started), so the extended fit trains the
+    rest first, as the data state (the epoch's position) says. An iteration-based fit (``max_steps``) that
+    ended with its epoch's last batch is written as that epoch completed and the next one not begun:
+    Lightning's restart on an epoch's end would otherwise train one more batch in the ended epoch.
+    """
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    loops = checkpoint.get("loops", {}).get("fit_loop")
+    if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking or not isinstance(loops, dict):
+        return
+    epoch = trainer.fit_loop.epoch_progress.current
+    trained = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+    started = int(epoch.started)  # type: ignore[attr-defined]  # a _ProcessedTracker at runtime
+    if started == 0 or _processed(epoch) < started or trained == 0:
+        return
+    progress = {part: dict(values) for part, values in loops["epoch_progress"].items()}
+    if trained < trainer.num_training_batches:
+        for part in ("total", "current"):
+            progress[part]["processed"] = progress[part]["completed"] = progress[part]["started"] - 1
+    elif trainer.max_steps != -1:  # iteration-based: Lightning's restart on an epoch's end trains a batch too many
+        for part in ("total", "current"):
+            progress[part]["completed"] = progress[part]["processed"]
+        batch_progress = loops["epoch_loop.batch_progress"]
+        current = dict.fromkeys(batch_progress["current"], 0)
+        loops["epoch_loop.batch_progress"] = {**batch_progress, "current": current, "is_last_batch": False}
+    loops["epoch_progress"] = progress
+
+
 def batches_fetched_before(checkpoint: dict[str, Any]) -> int | None:
     """Train batches the run had fetched when ``checkpoint`` was written, from Lightning's loop state
     (``None`` where the checkpoint holds none: written outside a fit)."""
@@ -198,6 +237,48 @@ def reinstantiate_loader(loader: DataLoader[Any], dataset: Dataset[Any], sampler
     replaced = any(value is original for value in args) or any(value is dataset for value in kwargs.values())
     args = tuple(dataset if value is original else value for value in args)
     if not replaced:
+        raise ValueError(f"{type(loader).__name__} was built without its dataset among the recorded arguments")
+    rebuilt: DataLoader[Any] = _reinstantiate_wrapped_cls(loader, *args, **kwargs)
+    return rebuilt
+
+
+def given_arguments(loader: DataLoader[Any]) -> dict[str, Any] | None:
+    """The arguments ``loader``'s constructor was called with, by name, as Lightning records them for a
+    loader built inside one of its hooks (``__pl_saved_args``, ``__pl_saved_arg_names``,
+    ``__pl_saved_kwargs``); ``None`` for a loader built elsewhere."""
+    if not hasattr(loader, "__pl_saved_args"):
+        return None
+    names = getattr(loader, "__pl_saved_arg_names")
+    given = dict(zip(names, getattr(loader, "__pl_saved_args"), strict=False))
+    given.update(getattr(loader, "__pl_saved_kwargs"))
+    return given
+
+
+def rebuild_with_dataset(loader: DataLoader[Any], dataset: Dataset[Any]) -> DataLoader[Any]:
+    """``loader`` built again by its own class with the arguments it was given, ``dataset`` in place of its
+    own: the same sampler or batch sampler, ``shuffle`` and every setting.
+
+    A loader built inside a Lightning hook carries the arguments it was called with (``__pl_saved_args``
+    and ``__pl_saved_kwargs``, which Lightning also reads to tell whether an evaluation loader shuffles,
+    ``_is_dataloader_shuffled``); those are replayed. One built elsewhere is rebuilt from its attributes
+    with its sampler (`reinstantiate_loader`).
+
+    Raises:
+        ValueError: the constructor cannot be replayed, or a loader built outside a hook has a batch
+            sampler (its attributes do not say how to rebuild it).
+    """
+    if not hasattr(loader, "__pl_saved_args"):
+        if loader.batch_size is None:
+            raise ValueError(
+                f"{type(loader).__name__} with a batch_sampler was built outside a Lightning hook; build it in"
+                " the hook that returns it"
+            )
+        return reinstantiate_loader(loader, dataset, loader.sampler)  # type: ignore[arg-type]  # a Sampler
+    original = loader.dataset
+    args = tuple(dataset if value is original else value for value in getattr(loader, "__pl_saved_args"))
+    saved_kwargs = getattr(loader, "__pl_saved_kwargs")
+    kwargs: dict[str, Any] = {name: dataset if value is original else value for name, value in saved_kwargs.items()}
+    if not any(value is dataset for value in (*args, *kwargs.values())):
         raise ValueError(f"{type(loader).__name__} was built without its dataset among the recorded arguments")
     rebuilt: DataLoader[Any] = _reinstantiate_wrapped_cls(loader, *args, **kwargs)
     return rebuilt

@@ -10,14 +10,13 @@ from __future__ import annotations
 import functools
 import os
 import random
-from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from lightning_resumable.core.randomness import seed_training_step
+from lightning_resumable.core.randomness import global_generators_kept, seed_training_step
 from lightning_resumable.core.sampler import ResumableSampler
 from lightning_resumable.errors import (
     LateRestoreError,
@@ -25,10 +24,10 @@ from lightning_resumable.errors import (
     MissingStateError,
 )
 from lightning_resumable.format.audit import AuditLog
-from lightning_resumable.format.envelope import STATE_KEY, Body, Envelope, holds_no_state, parse
+from lightning_resumable.format.envelope import STATE_KEY, Body, Envelope, parse
 from lightning_resumable.internals._lightning import (
-    batches_fetched_before,
     batches_processed,
+    epoch_resumes_where_its_batches_stopped,
     rebuild_train_loader,
     resumes_in_next_epoch,
     saving_off_the_training_path,
@@ -39,6 +38,7 @@ from lightning_resumable.lightning.progress import (
     BatchCount,
     SavePoint,
     partial_accumulation,
+    refuse_missing_state,
     refuse_partial_accumulation,
 )
 from lightning_resumable.lightning.signals import HeldPreemption
@@ -122,6 +122,15 @@ class ResumableDataCallback(pl.Callback):
         self._started = False  # training of this fit has started: the loader's position is in use
         self._captured: tuple[tuple[int, int], dict[str, Any]] | None = None  # (epoch, batches), the envelope
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickled callback (``torch.save(trainer)``) carries its options and seed; what it holds for the
+        fit in this process (the trainer, the loaders' owner, open audit files, signal handlers) is
+        left behind, as a new process has none of it."""
+        state = self.__dict__.copy()
+        state.update(_audit=None, _trainer=None, _owner=None, _batches=BatchCount(), _preemption=HeldPreemption())
+        state.update(_started=False, _captured=None)
+        return state
+
     @property
     @override
     def state_key(self) -> str:
@@ -192,7 +201,8 @@ class ResumableDataCallback(pl.Callback):
 
     def _envelope(self, trainer: pl.Trainer, batches: int, collective: bool) -> dict[str, Any]:
         assert self._owner is not None
-        return envelope_at(self._owner, trainer, self.shuffle_seed(trainer), batches, collective, self.verify)
+        with global_generators_kept():  # a save fetches the next batch again: it must not change the run's draws
+            return envelope_at(self._owner, trainer, self.shuffle_seed(trainer), batches, collective, self.verify)
 
     def _capture(self, trainer: pl.Trainer) -> None:
         """Every rank's complete data state, taken where all ranks act on a preemption together (collective)."""
@@ -204,6 +214,7 @@ class ResumableDataCallback(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         validation_resumes_from_its_start(trainer, checkpoint)
+        epoch_resumes_where_its_batches_stopped(trainer, checkpoint)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -306,25 +317,6 @@ class ResumableDataCallback(pl.Callback):
         self._preemption.release(trainer)
         if self._owner is not None:
             self._owner.retire_workers()
-
-
-def refuse_missing_state(checkpoint: dict[str, Any], state_key: str) -> None:
-    """Refuse to fit from a checkpoint without the data state, or with one emptied after train batches."""
-    callbacks = checkpoint.get("callbacks", {})
-    if state_key not in callbacks:
-        raise MissingStateError(
-            "the checkpoint holds no data state: it was written without ResumableDataCallback, so the"
-            " position of the train stream is unknown. Resume from a checkpoint written with the callback"
-        )
-    fetched, slot = batches_fetched_before(checkpoint), callbacks[state_key]
-    if fetched and holds_no_state(slot):
-        # Lightning hands no falsy state to load_state_dict: the data would restart at batch 0.
-        raise MissingStateError(
-            f"the checkpoint's data state is {'partial' if isinstance(slot, Mapping) and slot else 'empty'}"
-            f" ({slot!r:.80}), but it was written after {fetched} train batches: the position of the"
-            " train stream is unknown. The checkpoint was altered, or written by other code; resume from"
-            " one the callback wrote"
-        )
 
 
 def envelope_at(

@@ -76,7 +76,11 @@ def split_train_loaders(train_loaders: object) -> TrainLoaders | None:
             raise UnsupportedLoaderError(f"a CombinedLoader over a {type(train_loaders).__name__} is not supported")
         return None
     if not loaders:
-        raise UnsupportedLoaderError("train_dataloader() returned no loader")
+        # Lightning would fit on nothing (an epoch of no batch, with a warning) and its checkpoints hold no position.
+        raise UnsupportedLoaderError(
+            f"train_dataloader() returned an empty {type(train_loaders).__name__}: no train loader. Return at least"
+            " one loader; to validate or test without training, call trainer.validate() or trainer.test()"
+        )
     for key, loader in loaders.items():
         if isinstance(loader, (Mapping, CombinedLoader)) or (
             isinstance(loader, Sequence) and not hasattr(loader, "dataset")

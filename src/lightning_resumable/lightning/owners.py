@@ -1,4 +1,5 @@
-"""The owners of the train input, one per kind: one map-style loader, several loaders, a stream.
+"""The owners of the train input, one per kind: one map-style loader, several loaders (a stream's is in
+`lightning_resumable.lightning.stream_owner`, a mixture's in `lightning_resumable.lightning.mixture_owner`).
 
 Promise: an owner is the one holder of its loaders' position from the moment they are attached to
 the end of the fit. It restores a saved state before the loaders are iterated, records the state at
@@ -17,14 +18,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from lightning_resumable.core.sampler import ResumableSampler
-from lightning_resumable.core.verification import all_gather_objects, check_first_stream_batches, digest_of
 from lightning_resumable.errors import IncompatibleStateError
 from lightning_resumable.format.envelope import (
-    GLOBAL_POSITION_ATTRIBUTE,
     Body,
     Envelope,
     LoadersState,
@@ -35,24 +33,15 @@ from lightning_resumable.format.envelope import (
     Unresumable,
 )
 from lightning_resumable.format.state import DataState
-from lightning_resumable.internals._torchdata import torchdata_version
 from lightning_resumable.lightning.combined import loader_position
 from lightning_resumable.lightning.progress import SavePoint
 from lightning_resumable.lightning.sampled_loader import SampledLoader
 from lightning_resumable.lightning.world_size import WorldSizePolicy
-from lightning_resumable.readers.base import StreamReader
-from lightning_resumable.readers.contract import check_contract
 from lightning_resumable.readers.workers import retire_previous
 
-__all__ = ["AnyOwner", "LoaderOwner", "LoadersOwner", "Owner", "StreamOwner"]
+__all__ = ["LoaderOwner", "LoadersOwner", "Owner"]
 
 SEVERAL_SAME_SIZE = "several train loaders resume on the same world size only"
-STREAM_OFF_PATH = (
-    "it was written from an exception path (OnExceptionCheckpoint after an error), where the ranks cannot"
-    " exchange their stream positions without risking a deadlock, and a stream's position is per rank (a"
-    " preemption by SIGTERM or SLURM's requeue signal is captured by every rank together and resumes). Resume"
-    " from a checkpoint written during training (ModelCheckpoint)"
-)
 
 
 S = TypeVar("S", LoaderState, LoadersState, StreamState, MixtureState)
@@ -153,7 +142,7 @@ class LoaderOwner(Owner[LoaderState]):
         world_size_policy(saved.state.world_size, world_size, None, _where(saved.state))
         if saved.state.world_size != world_size:
             self.resized_epoch = saved.state.epoch  # counted in the old units: rebuilt at its end
-        self.owned.restore(saved, verify)
+        self.owned.restore(saved, verify, epoch)
 
     def start_fresh(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -163,6 +152,8 @@ class LoaderOwner(Owner[LoaderState]):
 
     def start(self, trainer: pl.Trainer, batches: int) -> int:
         self.owned.check_start(trainer, (0, batches))
+        if batches and batches >= trainer.num_training_batches:  # limit_train_batches reached: Lightning ends it
+            self.sampler.end_restored_epoch()
         return self.owned.first_batch()
 
     def check_first_batch(self) -> None:
@@ -201,9 +192,15 @@ class LoadersOwner(Owner[LoadersState]):
                 f" {sorted(self.owned)} in {self.mode} mode"
             )
         for key in sorted(self.owned):
-            state = saved.loaders[key].state
-            world_size_policy(state.world_size, self.owned[key].sampler.num_replicas, SEVERAL_SAME_SIZE, _where(state))
-            self.owned[key].restore(saved.loaders[key], verify)
+            loader_state, owned = saved.loaders[key], self.owned[key]
+            state = loader_state.state
+            world_size_policy(state.world_size, owned.sampler.num_replicas, SEVERAL_SAME_SIZE, _where(state))
+            if epoch == state.epoch + 1:
+                # Lightning ended the saved epoch (a finished fit extended): how far each loader read in it
+                # (a shorter one restarted, a longer one cut short) no longer matters; the next one starts.
+                start = state.at_start(epoch, 0, owned.sampler.draws.epoch_length(state.seed, epoch))
+                loader_state, verify = LoaderState(start, None, loader_state.dataset), False
+            owned.restore(loader_state, verify, epoch)
 
     @property
     def first_sampler(self) -> ResumableSampler:
@@ -246,100 +243,3 @@ class LoadersOwner(Owner[LoadersState]):
     def retire_workers(self) -> None:
         for owned in self.owned.values():
             retire_previous(owned.loader)
-
-
-class StreamOwner(Owner[StreamState]):
-    """A stream: an ``IterableDataset`` with state, read through a `StreamLoader` (or a data library's
-    loader); per-rank positions."""
-
-    state_type = StreamState
-
-    def __init__(self, loader: StreamReader, rank: int, world_size: int) -> None:
-        check_contract(loader, owned=(loader.dataset,))
-        self.loader, self.rank, self.world_size = loader, rank, world_size
-        self.resumes_at: tuple[int, int | None] | None = None  # (epoch, batches); no count for a fresh epoch
-        self.verifying: tuple[int, int] | None = None  # (epoch, batches) whose next batch is verified
-
-    def restore(self, saved: StreamState, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
-        if saved.reader != self.loader.reader:
-            raise IncompatibleStateError(
-                f"the checkpoint's stream was read by {saved.reader}'s loader, and the train loader is now"
-                f" {self.loader.reader}'s"
-            )
-        where = f"at epoch {saved.epoch}, after {saved.batches} batches of its stream"
-        world_size_policy(saved.world_size, self.world_size, self.loader.world_size_refusal(saved), where)
-        state = self.loader.state_for_rank(saved, self.rank, self.world_size)  # the reader's checks of its layout
-        if saved.finished:  # every rank had read its whole stream: the resume starts the next epoch
-            self.loader.start_epoch(saved.epoch + 1)
-            self.resumes_at = (saved.epoch + 1, None)
-        elif saved.epoch == epoch:
-            # Each rank verifies its own next batch, on the world size that recorded them.
-            if verify and saved.next_batch is None:
-                rank_zero_info("lightning_resumable: the checkpoint holds no batch digest; the resume is not verified")
-            verifiable = verify and saved.world_size == self.world_size and not self.loader.inexact
-            recorded = saved.next_batch if verifiable else None
-            self.loader.resume_from(state, saved.batches, recorded[self.rank] if recorded else "")
-            self.verifying = (saved.epoch, saved.batches) if recorded else None
-            self.resumes_at = (saved.epoch, saved.batches)
-        else:
-            raise IncompatibleStateError(
-                f"the stream state resumes epoch {saved.epoch} after {saved.batches} batches, but the trainer"
-                f" resumes epoch {epoch}"
-            )
-
-    def start_fresh(self, epoch: int) -> None:
-        pass  # the loader asks the trainer for its epoch at each iter()
-
-    def save(self, at: SavePoint) -> StreamState | Unresumable:
-        if not at.collective and at.world_size > 1:  # one process waits for no other
-            return Unresumable(STREAM_OFF_PATH)
-        check_contract(self.loader, owned=(self.loader.dataset,))
-        loader, batches = self.loader, at.batches
-        digest = loader.next_batch_digest(batches) if at.verify else ""
-        gathered = all_gather_objects((loader.state_after(batches), digest, loader.finished_after(batches)))
-        ranks = [state for state, _, _ in gathered]
-        return StreamState(
-            seed=at.seed,
-            epoch=at.epoch,
-            batches=at.batches,
-            world_size=at.world_size,
-            num_workers=self.loader.num_workers,
-            global_position=any(getattr(each, GLOBAL_POSITION_ATTRIBUTE, False) for each in (loader, loader.dataset)),
-            finished=all(finished for _, _, finished in gathered),
-            ranks=ranks,
-            torchdata=torchdata_version(),
-            next_batch=[digest for _, digest, _ in gathered] if at.verify else None,
-            reader=loader.reader,
-        )
-
-    def ran_to_end(self, saved: StreamState, at: SavePoint) -> bool:
-        return saved.finished  # a stream's length is its own: every rank read to its end
-
-    def start(self, trainer: pl.Trainer, batches: int) -> int:
-        if self.resumes_at is None:
-            return 0
-        (epoch, stream_batches), self.resumes_at = self.resumes_at, None
-        # A stream read to its end resumes in the next epoch, or at the end of its own where Lightning's loop
-        # ends that epoch first (a checkpoint of the validation after its last batch): nothing is read there.
-        ending = stream_batches is None and trainer.current_epoch == epoch - 1
-        if not ending and (epoch != trainer.current_epoch or stream_batches not in (None, batches)):
-            raise IncompatibleStateError(
-                f"the stream state resumes epoch {epoch} after {stream_batches or 0} batches but the trainer"
-                f" resumes epoch {trainer.current_epoch} after {batches}"
-            )
-        return stream_batches or 0
-
-    def check_first_batch(self) -> None:
-        if self.verifying is not None:
-            (epoch, batches), self.verifying = self.verifying, None
-            check_first_stream_batches(all_gather_objects(self.loader.first_batch), epoch, batches)
-
-    def trained_ids(self, batch: Any, batch_idx: int) -> str:
-        return digest_of(batch)  # a stream's samples have no index
-
-    def retire_workers(self) -> None:
-        self.loader.retire_workers()
-
-
-AnyOwner = LoaderOwner | LoadersOwner | StreamOwner
-"""An owner of any kind, as `lightning_resumable.lightning.train_input` builds them."""

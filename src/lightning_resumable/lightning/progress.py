@@ -1,18 +1,21 @@
 """Where the trained data stands in Lightning's loop: the epoch's batch index as the data counts it,
-where a checkpoint is written (`SavePoint`), and whether a save falls inside a gradient accumulation
-window."""
+where a checkpoint is written (`SavePoint`), whether a save falls inside a gradient accumulation
+window, and the refusal of a checkpoint whose data position is lost."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_resumable.errors import PartialAccumulationError
-from lightning_resumable.format.envelope import PartialAccumulation
+from lightning_resumable.errors import MissingStateError, PartialAccumulationError
+from lightning_resumable.format.envelope import PartialAccumulation, holds_no_state
+from lightning_resumable.internals._lightning import batches_fetched_before
 
-__all__ = ["BatchCount", "SavePoint", "partial_accumulation", "refuse_partial_accumulation"]
+__all__ = ["BatchCount", "SavePoint", "partial_accumulation", "refuse_missing_state", "refuse_partial_accumulation"]
 
 
 @dataclass(frozen=True)
@@ -91,3 +94,25 @@ def refuse_partial_accumulation(partial: PartialAccumulation | None) -> None:
         " run would step without them and its losses would differ from an uninterrupted run's. Resume from a"
         " checkpoint saved at an accumulation boundary (ModelCheckpoint(every_n_train_steps=...) saves there)"
     )
+
+
+def refuse_missing_state(checkpoint: dict[str, Any], state_key: str) -> None:
+    """Refuse to fit from a checkpoint without the data state, or with one emptied after train batches."""
+    callbacks = checkpoint.get("callbacks", {})
+    fetched = batches_fetched_before(checkpoint)
+    if state_key not in callbacks and fetched == 0:
+        return  # written before the first train batch (after validate(), or a fit of no batch): it starts at 0
+    if state_key not in callbacks:
+        raise MissingStateError(
+            "the checkpoint holds no data state: it was written without ResumableDataCallback, so the"
+            " position of the train stream is unknown. Resume from a checkpoint written with the callback"
+        )
+    slot = callbacks[state_key]
+    if fetched and holds_no_state(slot):
+        # Lightning hands no falsy state to load_state_dict: the data would restart at batch 0.
+        raise MissingStateError(
+            f"the checkpoint's data state is {'partial' if isinstance(slot, Mapping) and slot else 'empty'}"
+            f" ({slot!r:.80}), but it was written after {fetched} train batches: the position of the"
+            " train stream is unknown. The checkpoint was altered, or written by other code; resume from"
+            " one the callback wrote"
+        )

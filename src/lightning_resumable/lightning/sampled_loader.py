@@ -59,12 +59,20 @@ class SampledLoader:
     def user_dataset(self) -> object:
         return getattr(self.loader.dataset, "dataset", self.loader.dataset)  # inside the SampleSeededDataset
 
-    def restore(self, saved: LoaderState, verify: bool) -> None:
-        """Apply a saved state (the sampler's, then the dataset's); the world size is the caller's to police."""
+    def restore(self, saved: LoaderState, verify: bool, epoch: int) -> None:
+        """Apply a saved state (the sampler's, then the dataset's); the world size is the caller's to police.
+
+        ``epoch`` is the trainer's. A trainer one epoch past a state that ran to its epoch's end (a
+        finished fit extended, a save after ``fit()`` returned) starts that next epoch: nothing of the
+        saved one is left to read.
+        """
         state = saved.state
         self.sampler.restore(state)  # refuses another setup before anything changes
         resized = state.world_size != self.sampler.num_replicas
         self._restore_dataset(saved.dataset)
+        if epoch == state.epoch + 1 and self.sampler.restored_to_end:
+            self.sampler.set_epoch(epoch)
+            return  # the next epoch's start is a pure function of the seed: nothing to verify
         if not verify:
             return
         if saved.fingerprints is None:
@@ -176,13 +184,15 @@ class SampledLoader:
 
     def check_start(self, trainer: pl.Trainer, expected: tuple[int, int]) -> None:
         """Refuse a trainer that resumes another place than the data; then verify the next batches."""
-        epoch, _, batches = self.sampler.origin
+        epoch, position, batches = self.sampler.origin
+        cycle, expected_batches = expected
+        if (epoch, position) == (trainer.current_epoch + 1, 0) and expected_batches >= trainer.num_training_batches:
+            return  # Lightning first ends an epoch it trained to its end (a max_steps run saved there): nothing read
         if epoch != trainer.current_epoch:
             raise IncompatibleStateError(
                 f"the data state{self.where} resumes epoch {epoch} but the trainer resumes epoch"
                 f" {trainer.current_epoch}"
             )
-        cycle, expected_batches = expected
         if batches and (batches, self.sampler.cycle) != (expected_batches, cycle):
             ours, theirs = f"{batches} batches", f"{expected_batches}"
             if self.key is not None:

@@ -16,12 +16,13 @@ from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.lightning.combined import key_seed, split_train_loaders
 from lightning_resumable.lightning.mixture_owner import MixtureOwner
-from lightning_resumable.lightning.owners import AnyOwner, LoaderOwner, LoadersOwner, StreamOwner
+from lightning_resumable.lightning.owners import LoaderOwner, LoadersOwner
+from lightning_resumable.lightning.stream_owner import StreamOwner
 from lightning_resumable.readers.build import BuildOptions, Built, build_resumable
 
 __all__ = ["TrainOwner", "build_train_input"]
 
-TrainOwner = AnyOwner | MixtureOwner
+TrainOwner = LoaderOwner | LoadersOwner | StreamOwner | MixtureOwner
 """The owner of any kind of train input."""
 
 

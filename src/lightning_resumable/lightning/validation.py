@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from lightning_resumable.core.randomness import SampleSeededDataset
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.format._keys import validation_sample_seed
-from lightning_resumable.internals._lightning import reinstantiate_loader
+from lightning_resumable.internals._lightning import rebuild_with_dataset
 
 __all__ = ["ValidationSeededDataset", "seed_validation_loaders"]
 
@@ -64,7 +64,7 @@ def _seeded(loader: Any, seed: int, index: int) -> Any:
         return loader
     dataset = ValidationSeededDataset(loader.dataset, seed, index)
     try:
-        return reinstantiate_loader(loader, dataset, loader.sampler)  # type: ignore[arg-type]
+        return rebuild_with_dataset(loader, dataset)
     except ValueError as error:
         raise UnsupportedLoaderError(
             f"val_dataloader() returned a {type(loader).__name__} that cannot be rebuilt around its seeded dataset"

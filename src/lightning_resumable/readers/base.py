@@ -56,7 +56,7 @@ class BuildOptions:
 
 
 class StreamReader:
-    """The base of a stream's loader, which a `lightning_resumable.lightning.owners.StreamOwner` owns.
+    """The base of a stream's loader, which a `lightning_resumable.lightning.stream_owner.StreamOwner` owns.
 
     Its `PassRecord` (``self.record``) answers for the state and the next batch at the trainer's count;
     ``state_dict`` and ``load_state_dict`` are hidden from Lightning, which would save rank 0's state

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.core.mixture_sampler import MixtureSampler
 from lightning_resumable.core.randomness import SampleSeededDataset
 from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.internals._lightning import given_arguments
 from lightning_resumable.readers.base import BuildOptions, Built
 from lightning_resumable.readers.map_style import rebuilt_loader
 
@@ -41,13 +42,18 @@ def build(loader: DataLoader[Any], options: BuildOptions, subclass: bool) -> Bui
             f"train_dataloader() returned a {type(loader).__name__} (a DataLoader subclass) over a Mixture; return a"
             " DataLoader or StatefulDataLoader with it"
         )
-    sampler = loader.sampler
-    default_order = isinstance(sampler, SequentialSampler) or (
-        isinstance(sampler, RandomSampler) and not sampler.replacement and sampler._num_samples is None
-    )
+    sampler, given = loader.sampler, given_arguments(loader)
+    # A loader built in the hook says what it was given; one built elsewhere, only that its sampler is the default.
+    ordered = [
+        name
+        for name in ("shuffle", "sampler", "batch_sampler")
+        if given and (given.get(name) if name == "shuffle" else given.get(name) is not None)
+    ]
+    default_order = not ordered and type(sampler) is SequentialSampler
     if not default_order or type(loader.batch_sampler) is not BatchSampler or loader.batch_size is None:
+        named = ", ".join(f"{name}={given[name]!r:.60}" for name in ordered) if given else type(sampler).__name__
         raise UnsupportedLoaderError(
-            f"the train loader over a Mixture sets its own order ({type(sampler).__name__},"
+            f"the train loader over a Mixture sets its own order ({named or type(sampler).__name__},"
             f" {type(loader.batch_sampler).__name__}, batch_size={loader.batch_size}); a Mixture draws its sources"
             " in the order its weights give: pass batch_size and leave sampler, batch_sampler and shuffle unset"
         )
