@@ -74,6 +74,8 @@ class Scenario:
     ``mixture`` data is a ``Mixture`` of ``mixture_sources`` (name, size) with the schedule
     ``mixture_weights`` (``(step, weights)`` changes); ``resume_mixture_sources`` and
     ``resume_mixture_weights`` replace them in the resumed run (the weights changed at a resume).
+    ``extra_saves_every``: the stopped and resumed runs also save a checkpoint every so many optimizer
+    steps (``trainer.save_checkpoint`` in ``on_train_batch_end``), which must change nothing.
     ``strategy`` is ``ddp``, ``model_parallel`` (``ModelParallelStrategy``, FSDP2's ``fully_shard`` in
     ``configure_model``, a full checkpoint) or ``model_parallel_sharded`` (the same with a distributed,
     sharded checkpoint: a directory).
@@ -119,6 +121,7 @@ class Scenario:
     mixture_weights: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] = MIXTURE_WEIGHTS
     resume_mixture_sources: tuple[tuple[str, int], ...] | None = None
     resume_mixture_weights: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] | None = None
+    extra_saves_every: int = 0
 
     @property
     def batches_per_epoch(self) -> int:
@@ -159,6 +162,7 @@ class Scenario:
             resume_drop_last=None,
             resume_mixture_sources=None,
             resume_mixture_weights=None,
+            extra_saves_every=0,  # saves change nothing: the uninterrupted run makes none
         )
 
     def stop_key(self) -> Scenario:

@@ -13,6 +13,7 @@ import faulthandler
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -107,6 +108,31 @@ def _wait_for_stacks(directory: Path, processes: int, seconds: float = 5.0) -> N
         time.sleep(0.05)  # polling files being written, until a known count of dumps is there
 
 
+def native_stacks(pids: list[int], seconds: float = 20.0) -> str:
+    """Each process's native (C) stack with its Python frames, by ``py-spy dump --native`` (the test extra
+    installs it), else ``gdb``; what neither can give is said. A loader worker that deadlocked in
+    ``fork()`` before Python's after-fork hooks ran (CPython gh-112275 on 3.11.7) shows only here."""
+    parts = []
+    for pid in pids:
+        py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"  # the venv's, unactivated
+        for command in (
+            [py_spy, "dump", "--native", "--pid", str(pid)],
+            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+        ):
+            if shutil.which(command[0]) is None:
+                continue  # not installed
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=seconds, check=False)
+            except subprocess.TimeoutExpired:
+                continue
+            if done.returncode == 0 and done.stdout.strip():
+                parts.append(f"--- process {pid} ({Path(command[0]).name}) ---\n{done.stdout.strip()}")
+                break
+        else:
+            parts.append(f"--- process {pid}: no native stack (py-spy and gdb missing or refused) ---")
+    return "\n".join(parts)
+
+
 def wait_tree(process: subprocess.Popen[bytes], timeout: float, what: str, stacks_dir: Path, log_path: Path) -> int:
     """Wait for a launch; then kill whatever is left of its group.
 
@@ -118,6 +144,9 @@ def wait_tree(process: subprocess.Popen[bytes], timeout: float, what: str, stack
         return process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         members = living_members(process.pid)
+        native = native_stacks(
+            members
+        )  # first: a process stuck before Python's after-fork hooks writes no Python stack
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, STACK_SIGNAL)
         _wait_for_stacks(stacks_dir, len(members))
@@ -125,7 +154,7 @@ def wait_tree(process: subprocess.Popen[bytes], timeout: float, what: str, stack
         log = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
         raise AssertionError(
             f"{what} hung for {timeout:.0f} s; its whole process tree was killed. Each process's Python stack:\n"
-            f"{_stacks(stacks_dir)}\n--- log tail ---\n{log}"
+            f"{_stacks(stacks_dir)}\n--- native stacks ---\n{native}\n--- log tail ---\n{log}"
         ) from None
     finally:
         kill_tree(process)

@@ -80,6 +80,8 @@ def test_a_hung_run_from_the_fork_server_prints_each_ranks_stack_is_killed_whole
         assert "the hanging run hung for 15 s" in message
         assert "in hang_forever" in message, "rank 1's stack"
         assert message.count("--- process") >= 2, "a stack from each rank"
+        native = message.split("--- native stacks ---")[1]
+        assert "(py-spy) ---" in native and "hang_forever" in native, "each process's native stack, Python frames too"
         assert living_members(leader.pid) == [], "no process of the run is left"
 
         done = tmp_path / "done"

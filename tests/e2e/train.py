@@ -722,6 +722,17 @@ class StopAt(L.Callback):
             self.validated = True  # ModelCheckpoint saves after this callback: end at the next batch
 
 
+class ExtraSaves(L.Callback):
+    """Saves a checkpoint every ``every`` optimizer steps, as a cautious user does; it must change nothing."""
+
+    def __init__(self, every: int, path: Path) -> None:
+        self.every, self.path = every, path
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step % self.every == 0:
+            trainer.save_checkpoint(self.path)
+
+
 def evaluate_after_fit(
     config: dict[str, Any], trainer: L.Trainer, model: Model, datamodule: Any, trainer_options: dict[str, Any]
 ) -> None:
@@ -756,6 +767,8 @@ def main(config_path: str) -> None:
     else:
         datamodule = PlainData(config)
         callbacks.append(SetStreamEpoch())
+    if config.get("extra_saves_every") and config["phase"] != "full":
+        callbacks.append(ExtraSaves(config["extra_saves_every"], Path(config["out_dir"]) / "extra.ckpt"))
     if config["phase"] == "stop":
         callbacks.append(StopAt(config))
     if config.get("on_exception_checkpoint"):  # a preemption's SIGTERM becomes an exception; save there

@@ -152,8 +152,9 @@ class LoaderOwner(Owner[LoaderState]):
 
     def start(self, trainer: pl.Trainer, batches: int) -> int:
         self.owned.check_start(trainer, (0, batches))
-        if batches and batches >= trainer.num_training_batches:  # limit_train_batches reached: Lightning ends it
-            self.sampler.end_restored_epoch()
+        epoch, _, restored_batches = self.sampler.origin
+        if epoch == trainer.current_epoch and 0 < trainer.num_training_batches <= restored_batches:
+            self.sampler.end_restored_epoch()  # limit_train_batches reached: Lightning ends the epoch, reads no more
         return self.owned.first_batch()
 
     def check_first_batch(self) -> None:
