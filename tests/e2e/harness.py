@@ -422,6 +422,12 @@ class Runner:
             self._full[key] = run_phase(key, "full", run_dir, run_dir / "unused.ckpt")
         return self._full[key]
 
+    def full_validations(self, scenario: Scenario) -> Records:
+        """The validations of the scenario's uninterrupted run (run first if it has not been)."""
+        self.full(scenario)
+        key = scenario.data_key()
+        return read_validations(self.root / ("full-" + key.label()), "full", scenario.world_size)
+
     def stopped(self, scenario: Scenario) -> Records:
         key = scenario.stop_key()
         if key not in self._stopped:

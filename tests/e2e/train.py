@@ -365,6 +365,7 @@ class StepRecorder(L.Callback):
         self.recorder: Recorder | None = None
         self.validations: Recorder | None = None
         self.val_batches = 0
+        self.steps = self.validated = 0  # recorded by this process
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         out_dir = Path(self.config["out_dir"])
@@ -388,6 +389,7 @@ class StepRecorder(L.Callback):
         if self.config.get("curriculum"):
             record["level"] = batch[1][:, 0].floor_divide(10).int().tolist()
         self.recorder.write(record)
+        self.steps += 1
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: Any) -> None:
         self.val_batches = 0
@@ -399,6 +401,7 @@ class StepRecorder(L.Callback):
         if self.validations is None or trainer.sanity_checking or trainer.state.fn != "fit":
             return
         loss = trainer.callback_metrics.get("val_loss")
+        self.validated += 1
         self.validations.write(
             {
                 "step": trainer.global_step,
@@ -441,19 +444,17 @@ class Model(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         stop = self.config["stop"]
-        if (
-            self.config["phase"] == "stop"
-            and stop["kind"] == "in_step"
-            and [self.current_epoch, batch_idx]
-            == [
-                stop["epoch"],
-                stop["batch"],
-            ]
-        ):
+        stops = self.config["phase"] == "stop" or self.config.get("leg", {}).get("kind") in STOP_KINDS
+        if stops and stop["kind"] == "in_step" and [self.current_epoch, batch_idx] == [stop["epoch"], stop["batch"]]:
             stop_now(self.trainer, self.config["checkpoint"])
         time.sleep(self.config.get("step_seconds", 0))  # a slower step, where a test aims a kill
         if self.config["phase"] == "preempt" and self.config.get("sigterm_at") == [self.current_epoch, batch_idx]:
             os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice arriving during this step, on every rank
+        if self.config.get("leg_signal_at") == [self.current_epoch, batch_idx]:  # a chain's leg ends by a signal
+            if self.config["leg"]["kind"] == "sigterm":
+                os.kill(os.getpid(), signal.SIGTERM)
+            else:
+                raise KeyboardInterrupt  # as Ctrl-C in this step, on every rank
         if self.config.get("hang_rank") == self.global_rank:  # a hung rank, for the harness's timeout test
             hang_forever()
         parts = list(batch.values()) if isinstance(batch, dict) else [batch]
@@ -680,6 +681,10 @@ class SetStreamEpoch(L.Callback):
             stream.set_epoch(trainer.current_epoch)
 
 
+STOP_KINDS = ("batch_end", "last_batch", "in_step", "validation", "in_validation", "kill")
+"""The stops `StopAt` makes (a chain's leg of another kind ends by a signal, an interrupt or its own end)."""
+
+
 class StopAt(L.Callback):
     """Saves a checkpoint at the configured point of the ``stop`` phase and ends the process.
 
@@ -708,6 +713,8 @@ class StopAt(L.Callback):
         self.last_batch = (trainer.current_epoch, batch_idx)
         if self.kind in ("batch_end", "last_batch") and self.last_batch == self.target:
             stop_now(trainer, self.checkpoint)
+        if self.kind == "kill" and self.last_batch == self.target:
+            os._exit(0)  # as a SIGKILL after this step: the last periodic save (`ExtraSaves`) is what resumes
 
     def on_validation_batch_end(
         self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -731,6 +738,10 @@ class ExtraSaves(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step % self.every == 0:
             trainer.save_checkpoint(self.path)
+            # What this rank had recorded at the save (`StepRecorder` runs first): a leg killed later resumes here.
+            recorder = next(each for each in trainer.callbacks if isinstance(each, StepRecorder))  # type: ignore[attr-defined]
+            counts = {"steps": recorder.steps, "validations": recorder.validated}
+            (self.path.parent / f"{self.path.stem}.rank{trainer.global_rank}.json").write_text(json.dumps(counts))
 
 
 def evaluate_after_fit(
@@ -769,7 +780,7 @@ def main(config_path: str) -> None:
         callbacks.append(SetStreamEpoch())
     if config.get("extra_saves_every") and config["phase"] != "full":
         callbacks.append(ExtraSaves(config["extra_saves_every"], Path(config["out_dir"]) / "extra.ckpt"))
-    if config["phase"] == "stop":
+    if config["phase"] == "stop" or config.get("leg", {}).get("kind") in STOP_KINDS:
         callbacks.append(StopAt(config))
     if config.get("on_exception_checkpoint"):  # a preemption's SIGTERM becomes an exception; save there
         callbacks.append(OnExceptionCheckpoint(dirpath=config["out_dir"], filename="on_exception"))
@@ -832,7 +843,29 @@ def main(config_path: str) -> None:
     # run (the after-fork hang the library's loaders avoid). A control shows what a plain resume feeds, so
     # it trains with the library's own guard, garbage collection paused, around the whole run.
     model = Model(config)
-    if config["phase"].startswith("resume") and config.get("evaluate_before_resume"):
+    leg = config.get("leg", {}).get("kind")
+    if leg == "early":  # a chain's leg that validates and saves before any train step
+        trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
+        trainer.save_checkpoint(config["checkpoint"])
+    elif leg == "extend":  # a chain's leg that fits to its (earlier) end, then saves once fit() returned
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.save_checkpoint(config["checkpoint"])
+    else:
+        fit(config, trainer, model, datamodule, ckpt_path, trainer_options)
+    if torch.distributed.is_initialized():
+        # A clean shutdown: left to the interpreter's exit, gloo's threads once aborted a finished run.
+        torch.distributed.destroy_process_group()
+
+
+def fit(
+    config: dict[str, Any],
+    trainer: L.Trainer,
+    model: Model,
+    datamodule: Any,
+    ckpt_path: str | None,
+    trainer_options: dict[str, Any],
+) -> None:
+    if ckpt_path is not None and config.get("evaluate_before_resume"):
         # As a user checks a checkpoint before resuming it, on the same trainer: none reads the train stream.
         trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
         trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False)
@@ -841,9 +874,6 @@ def main(config_path: str) -> None:
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     if config["phase"].startswith("resume") and config.get("evaluate_after_fit"):
         evaluate_after_fit(config, trainer, model, datamodule, trainer_options)
-    if torch.distributed.is_initialized():
-        # A clean shutdown: left to the interpreter's exit, gloo's threads once aborted a finished run.
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

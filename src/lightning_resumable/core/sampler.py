@@ -135,7 +135,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         """
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
-        spends_restore = self.restored_to_end and epoch == self.epoch + 1
+        spends_restore = self._origin_is_restored and self.origin_at_end and epoch == self.epoch + 1
         if self._origin_is_restored and epoch != self.epoch and not spends_restore:
             raise PendingRestoreError(
                 f"set_epoch({epoch}) after a restore of epoch {self.epoch} at position {self._origin_position}"
@@ -319,13 +319,12 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         saved.check_same_data(self._state(0, 0, (None, None), None))  # the setup (a length may cost a pass)
         epoch_set = self.epoch
         self.seed = saved.seed
-        self.epoch, self.cycle, self._pass_complete = saved.epoch, saved.cycle, False
-        self._handed_out = HandedOut()
+        self.epoch, self.cycle, self._pass_complete, self._handed_out = saved.epoch, saved.cycle, False, HandedOut()
         self._origin_position, self._origin_batches = saved.position, saved.batches
         resized = saved.world_size != self.num_replicas
         self._anchor = (saved.position, saved.batches) if resized else (saved.anchor_position, saved.anchor_batches)
         self._origin_is_restored, self._restored_pass = True, None
-        if epoch_set == saved.epoch + 1 and self.restored_to_end:
+        if epoch_set == saved.epoch + 1 and self.origin_at_end:
             self.set_epoch(epoch_set)  # the loop has begun the next epoch: start it
 
     def _restore_into(self, number: int, state: Mapping[str, Any]) -> None:
@@ -340,9 +339,10 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         self._origin_is_restored = False
 
     @property
-    def restored_to_end(self) -> bool:
-        """Whether a restore not yet iterated holds its epoch's end (its pass reads nothing)."""
-        return self._origin_is_restored and self._origin_position >= self.stream_length
+    def origin_at_end(self) -> bool:
+        """Whether no batch is left after the origin (a loader's ``drop_last`` drops a short one)."""
+        left = self._samples_per_rank()
+        return left == 0 or (self.drop_last_batch and left < self.batch_size)
 
     @property
     def origin(self) -> tuple[int, int, int]:

@@ -193,15 +193,9 @@ class LoadersOwner(Owner[LoadersState]):
                 f" {sorted(self.owned)} in {self.mode} mode"
             )
         for key in sorted(self.owned):
-            loader_state, owned = saved.loaders[key], self.owned[key]
-            state = loader_state.state
-            world_size_policy(state.world_size, owned.sampler.num_replicas, SEVERAL_SAME_SIZE, _where(state))
-            if epoch == state.epoch + 1:
-                # Lightning ended the saved epoch (a finished fit extended): how far each loader read in it
-                # (a shorter one restarted, a longer one cut short) no longer matters; the next one starts.
-                start = state.at_start(epoch, 0, owned.sampler.draws.epoch_length(state.seed, epoch))
-                loader_state, verify = LoaderState(start, None, loader_state.dataset), False
-            owned.restore(loader_state, verify, epoch)
+            state = saved.loaders[key].state
+            world_size_policy(state.world_size, self.owned[key].sampler.num_replicas, SEVERAL_SAME_SIZE, _where(state))
+            self.owned[key].restore(saved.loaders[key], verify, epoch, saved_epoch_over=True)
 
     @property
     def first_sampler(self) -> ResumableSampler:
@@ -222,7 +216,9 @@ class LoadersOwner(Owner[LoadersState]):
     def start(self, trainer: pl.Trainer, batches: int) -> int:
         first = 0
         for owned in self.owned.values():
-            owned.check_start(trainer, loader_position(self.mode, batches, len(owned.loader)))
+            # Where Lightning ended the saved epoch (a finished fit extended), how far each loader read in it (a
+            # shorter one restarted, a longer one cut short) no longer matters: the next epoch starts.
+            owned.check_start(trainer, loader_position(self.mode, batches, len(owned.loader)), saved_epoch_over=True)
             first = max(first, owned.first_batch())
         return first
 

@@ -59,20 +59,18 @@ class SampledLoader:
     def user_dataset(self) -> object:
         return getattr(self.loader.dataset, "dataset", self.loader.dataset)  # inside the SampleSeededDataset
 
-    def restore(self, saved: LoaderState, verify: bool, epoch: int) -> None:
+    def restore(self, saved: LoaderState, verify: bool, epoch: int, saved_epoch_over: bool | None = None) -> None:
         """Apply a saved state (the sampler's, then the dataset's); the world size is the caller's to police.
 
-        ``epoch`` is the trainer's. A trainer one epoch past a state that ran to its epoch's end (a
-        finished fit extended, a save after ``fit()`` returned) starts that next epoch: nothing of the
-        saved one is left to read.
+        ``epoch`` is the trainer's: see `start_next_epoch_if_over`, done here too, before any iterator exists
+        (a loader's workers read ahead from the first one Lightning makes).
         """
         state = saved.state
         self.sampler.restore(state)  # refuses another setup before anything changes
         resized = state.world_size != self.sampler.num_replicas
         self._restore_dataset(saved.dataset)
-        if epoch == state.epoch + 1 and self.sampler.restored_to_end:
-            self.sampler.set_epoch(epoch)
-            return  # the next epoch's start is a pure function of the seed: nothing to verify
+        if self.start_next_epoch_if_over(epoch, saved_epoch_over):
+            return
         if not verify:
             return
         if saved.fingerprints is None:
@@ -182,8 +180,24 @@ class SampledLoader:
         workers = self.loader.num_workers > 0
         check_produced_batches(all_gather_objects(self.produced.first_batch), self.sampler.epoch, self.where, workers)
 
-    def check_start(self, trainer: pl.Trainer, expected: tuple[int, int]) -> None:
-        """Refuse a trainer that resumes another place than the data; then verify the next batches."""
+    def start_next_epoch_if_over(self, epoch: int, saved_epoch_over: bool | None = None) -> bool:
+        """Whether the trainer's ``epoch`` is one past the restored one, which is over (a finished fit extended,
+        a save after ``fit()`` returned): then that next epoch starts. Over: its sampler left no batch, or
+        ``saved_epoch_over`` (several loaders, whose epoch Lightning ends). Its start is a pure function of the
+        seed: nothing to verify."""
+        restored_epoch = self.sampler.origin[0]
+        over = self.sampler.origin_at_end if saved_epoch_over is None else saved_epoch_over
+        if restored_epoch + 1 != epoch or not over:
+            return False
+        self.sampler.end_restored_epoch()
+        self.sampler.set_epoch(epoch)
+        self.to_verify, self.verifying_produced = None, False
+        return True
+
+    def check_start(self, trainer: pl.Trainer, expected: tuple[int, int], saved_epoch_over: bool | None = None) -> None:
+        """Refuse a trainer that resumes another place than the data (an epoch over: `start_next_epoch_if_over`,
+        for a strategy that restored the trainer's loops after building the loader); verify the next batches."""
+        self.start_next_epoch_if_over(trainer.current_epoch, saved_epoch_over)
         epoch, position, batches = self.sampler.origin
         cycle, expected_batches = expected
         if (epoch, position) == (trainer.current_epoch + 1, 0) and expected_batches >= trainer.num_training_batches:

@@ -1,0 +1,110 @@
+"""A run interrupted several times: legs of `train.py`, each resuming from the checkpoint the one before
+wrote, whose steps and validations, put end to end, must be the uninterrupted run's.
+
+A leg ends by one of `LEG_KINDS`: a stop of `train.StopAt` (a save, then the process ends at once, as
+a kill after the save would: ``batch_end``, ``last_batch``, ``in_step``, ``validation``), a preemption
+``kill`` (the process ends after a step without a save of its own, as a SIGKILL: the leg's last
+periodic save, ``Scenario.extra_saves_every``, resumes, and the steps after it are trained again), a preemption
+(``sigterm``: SIGTERM on every rank in a step, ``OnExceptionCheckpoint`` saves at its end, the process
+exits), ``interrupt`` (``KeyboardInterrupt`` in a step: Lightning's graceful shutdown, with
+``OnExceptionCheckpoint``), ``extend`` (the fit runs to an earlier ``max_epochs`` and ends normally; a
+save once ``fit()`` returned: the next leg extends a finished fit), ``early`` (``validate()`` and a save
+before any train step). The last leg (``end``) runs to the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .harness import FORK, RUN_TIMEOUT_S, TRAIN_SCRIPT, Records, Scenario, _config, fork_server, read_records
+from .processes import run_tree
+
+LEG_KINDS = (
+    "batch_end",
+    "last_batch",
+    "in_step",
+    "validation",
+    "kill",
+    "sigterm",
+    "interrupt",
+    "extend",
+    "early",
+    "end",
+)
+
+
+@dataclass(frozen=True)
+class Leg:
+    """How one leg ends: ``kind`` at batch ``batch`` of epoch ``epoch`` (``extend``: after epoch ``epoch``);
+    ``num_workers``: this leg's loader workers, where it differs from the scenario's."""
+
+    kind: str
+    epoch: int = -1
+    batch: int = -1
+    num_workers: int | None = None
+
+    def __post_init__(self) -> None:
+        assert self.kind in LEG_KINDS, self.kind
+
+
+def run_chain(run_dir: Path, scenario: Scenario, legs: Sequence[Leg]) -> tuple[Records, Records]:
+    """Run ``legs`` in turn in ``run_dir``; per rank, the steps and the validations of every leg, in order.
+
+    Raises:
+        AssertionError: a leg hung, ended otherwise than its kind does, or wrote no checkpoint.
+    """
+    world_size = scenario.world_size
+    steps: Records = {rank: [] for rank in range(world_size)}
+    validations: Records = {rank: [] for rank in range(world_size)}
+    previous: Path | None = None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for index, leg in enumerate(legs):
+        phase, checkpoint = f"leg{index}", run_dir / f"leg{index}.ckpt"
+        for stale in (run_dir / "extra.ckpt", *run_dir.glob("extra.rank*.json"), run_dir / "on_exception.ckpt"):
+            stale.unlink(missing_ok=True)  # a leg resumes from what it wrote itself
+        config = _config(scenario, phase, run_dir, checkpoint, world_size)
+        config.update(
+            stop={"kind": leg.kind, "epoch": leg.epoch, "batch": leg.batch, "val_batch": 1},
+            leg={"kind": leg.kind},
+            resume_from=None if previous is None else str(previous),
+        )
+        if leg.num_workers is not None:
+            config["num_workers"] = leg.num_workers
+        if leg.kind in ("sigterm", "interrupt"):
+            config.update(leg_signal_at=[leg.epoch, leg.batch], on_exception_checkpoint=True)
+        if leg.kind == "extend":
+            config["epochs"] = leg.epoch + 1
+        config_path = run_dir / f"{phase}.json"
+        config_path.write_text(json.dumps(config))
+        log_path, what = run_dir / f"{phase}.log", f"{scenario.label()} {phase} ({leg.kind})"
+        if FORK:
+            returncode = fork_server().run(config_path, world_size, log_path, run_dir, RUN_TIMEOUT_S, what)
+        else:
+            command = [sys.executable, str(TRAIN_SCRIPT), str(config_path)]
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            returncode = run_tree(command, log_path, run_dir, RUN_TIMEOUT_S, what, env)
+        kept = read_records(run_dir, phase, world_size), read_records(run_dir, phase + ".val", world_size)
+        if leg.kind == "kill":  # the last periodic save resumes: what each rank recorded after it is trained again
+            (run_dir / "extra.ckpt").rename(checkpoint)
+            counts = {rank: json.loads((run_dir / f"extra.rank{rank}.json").read_text()) for rank in range(world_size)}
+            kept = tuple(
+                {rank: records[rank][: counts[rank][name]] for rank in records}
+                for records, name in zip(kept, ("steps", "validations"), strict=True)
+            )  # type: ignore[assignment]
+        written = run_dir / "on_exception.ckpt"
+        if leg.kind in ("sigterm", "interrupt") and written.exists():  # the exception ends it, its exit code its own
+            written.rename(checkpoint)
+        elif leg.kind not in ("sigterm", "interrupt") and returncode != 0:
+            raise AssertionError(f"{what} exited {returncode}:\n{log_path.read_text()[-4000:]}")
+        if leg.kind != "end" and not checkpoint.exists():
+            raise AssertionError(f"{what} wrote no checkpoint:\n{log_path.read_text()[-4000:]}")
+        for rank in range(world_size):
+            steps[rank] += kept[0][rank]
+            validations[rank] += kept[1][rank]
+        previous = checkpoint
+    return steps, validations
