@@ -121,6 +121,30 @@ def test_a_resume_from_the_validation_ending_a_limited_epoch_goes_on_exactly(tmp
     assert resumed.seen == full.seen[4:]
 
 
+class SaveAtBatch(L.Callback):
+    """Saves at batch ``batch`` of epoch ``epoch`` and ends the fit after it (as a kill after the save would)."""
+
+    def __init__(self, epoch: int, batch: int, path: Path) -> None:
+        self.target, self.path = (epoch, batch), path
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if (trainer.current_epoch, batch_idx) == self.target:
+            trainer.save_checkpoint(self.path)
+            trainer.should_stop = True  # the fit ends after this batch: what it trains later is not the test's
+
+
+def test_a_run_resumed_twice_through_an_epochs_end_goes_on_exactly(tmp_path: Path) -> None:
+    """Found by the workflow matrix: a resume from an epoch's last batch, then a save inside the next epoch, then
+    a resume from that: Lightning's progress did not mark the new epoch started, so the second resume was refused
+    ("the data state resumes epoch 1 but the trainer resumes epoch 0")."""
+    full = seeded_fit(tmp_path / "full", Data(), max_epochs=3)
+    first, second = tmp_path / "first.ckpt", tmp_path / "second.ckpt"
+    a = seeded_fit(tmp_path / "a", Data(), SaveAtBatch(0, 7, first), max_epochs=3)
+    b = seeded_fit(tmp_path / "b", Data(), SaveAtBatch(1, 3, second), ckpt_path=first, max_epochs=3)
+    c = seeded_fit(tmp_path / "c", Data(), ckpt_path=second, max_epochs=3)
+    assert a.seen + b.seen + c.seen == full.seen
+
+
 # ------------------------------------------------------------------------------ B: saves are free
 class GeneratorsAroundSave(L.Callback):
     """Saves at step 3 and records whether the global generators were the same after the save as before."""

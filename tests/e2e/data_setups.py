@@ -24,7 +24,13 @@ class MapStyle:
     own_loader: bool = False
 
     def batches_per_epoch(self, scenario: Any) -> int:
-        per_rank = math.ceil(scenario.dataset_size / scenario.world_size)
+        """(``bucketing``'s epochs differ in length: not known here.)"""
+        samples = scenario.dataset_size
+        if scenario.sampler == "subset":  # train.subset_of: the indices not 1 modulo 3
+            samples = sum(1 for index in range(samples) if index % 3 != 1)
+        elif scenario.sampler == "num_samples":  # train.make_sampler
+            samples += 13
+        per_rank = math.ceil(samples / scenario.world_size)
         return per_rank // scenario.batch_size if scenario.drop_last else math.ceil(per_rank / scenario.batch_size)
 
     def label(self, scenario: Any) -> str:

@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the matrix's CI seeds)")
     arguments = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from tests.e2e.test_workflow_matrix import CI_SEEDS
+    from tests.e2e.chains import CI_SEEDS
 
     seeds = arguments.seeds or ",".join(str(seed) for seed in CI_SEEDS)
     unknown = set(arguments.names) - set(MUTATIONS)

@@ -433,8 +433,10 @@ class Model(L.LightningModule):
         self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
 
     def configure_model(self) -> None:
-        if not self.config.get("strategy", "ddp").startswith("model_parallel"):
+        # Lightning calls it in every stage (validate() then fit() on the same model): idempotent, as it asks.
+        if not self.config.get("strategy", "ddp").startswith("model_parallel") or getattr(self, "sharded", False):
             return
+        self.sharded = True
         from torch.distributed.fsdp import fully_shard
 
         mesh = self.device_mesh["data_parallel"]  # FSDP2 over the data-parallel ranks, on gloo

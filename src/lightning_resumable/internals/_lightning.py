@@ -1,4 +1,5 @@
-"""Every piece of Lightning internals this library uses, in one place.
+"""Every piece of Lightning internals this library uses, here and in `_loop_progress` (the loop progress a
+checkpoint writes).
 
 Checked against lightning 2.6.6 (the version CI installs); ``tests/test_lightning_internals.py``
 fails if these attributes move. Everything else in the library uses public API only.
@@ -26,7 +27,7 @@ __all__ = [
     "batches_fetched_before",
     "batches_processed",
     "combined_loader_mode",
-    "epoch_resumes_where_its_batches_stopped",
+    "epoch_of_trained_batches",
     "given_arguments",
     "handle_preemption_signal",
     "preemption_signals",
@@ -37,7 +38,6 @@ __all__ = [
     "saving_off_the_training_path",
     "set_fabric_pass_count",
     "silence_not_resumable_warning",
-    "validation_resumes_from_its_start",
 ]
 
 log = logging.getLogger("lightning.pytorch.lightning_resumable")
@@ -55,6 +55,17 @@ def batches_processed(trainer: pl.Trainer) -> int:
     first batch, it is the count the resumed epoch continues from.
     """
     return _processed(trainer.fit_loop.epoch_loop.batch_progress.current)
+
+
+def epoch_of_trained_batches(trainer: pl.Trainer) -> int:
+    """The epoch the trainer's count of batches (`batches_processed`) belongs to: ``current_epoch``, but once
+    ``fit()`` returned, the epoch it ended (Lightning's ``current_epoch`` has moved past it, no batch of the
+    next one trained)."""
+    from lightning.pytorch.trainer.states import TrainerStatus
+
+    epoch = trainer.fit_loop.epoch_progress.current
+    ended = trainer.state.status == TrainerStatus.FINISHED and epoch.completed == _processed(epoch) > 0
+    return trainer.current_epoch - 1 if ended and trainer.current_epoch == epoch.completed else trainer.current_epoch
 
 
 def _validation_follows(trainer: pl.Trainer) -> bool:
@@ -84,81 +95,6 @@ def resumes_in_next_epoch(trainer: pl.Trainer) -> bool:
 
 def _processed(progress: object) -> int:
     return int(progress.processed)  # type: ignore[attr-defined]  # a _ProcessedTracker at runtime
-
-
-def validation_resumes_from_its_start(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
-    """Make a checkpoint written before or inside a validation that the run would complete resume with
-    that whole validation, as the uninterrupted run had it (``on_save_checkpoint``, on the dumped loops).
-
-    Lightning 2.6 resumes a validation only when the save came inside a ``validation_step``, and then from
-    the batch it was in, its earlier batches' metrics lost; a save in ``on_validation_batch_end``, or in
-    ``on_train_batch_end`` before a due validation (``ModelCheckpoint(every_n_train_steps=...)``), skips it
-    (``_TrainingEpochLoop.advance``: ``increment_progress_to_evaluation_end``, ``_skip_next_val``). Here
-    the validation loop's progress is written as ``RESTARTED_MID_EVALUATION`` before its first batch, and,
-    for a save before it, the training batch as completed (the validation ran after its completion):
-    Lightning's own restart then runs the validation from its first batch before the next training batch.
-    A checkpoint written at ``on_validation_end`` (the validation complete) is left as it is.
-    """
-    from lightning.pytorch.trainer.states import TrainerFn
-
-    loops = checkpoint.get("loops", {}).get("fit_loop")
-    if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking or not isinstance(loops, dict):
-        return
-    epoch_loop = trainer.fit_loop.epoch_loop
-    val, batch = epoch_loop.val_loop.batch_progress, epoch_loop.batch_progress
-    if trainer.validating:
-        if val.current.ready and val.current.completed == val.current.ready and val.is_last_batch:
-            return  # complete: its on_validation_end (ModelCheckpoint(monitor=...) saves there)
-        earlier = val.total.ready - val.current.ready  # batches of this epoch's earlier validations
-    elif batch.current.completed == _processed(batch.current) - 1 and _validation_follows(trainer):
-        earlier = val.total.completed
-        train = {key: value for key, value in loops["epoch_loop.batch_progress"].items()}
-        for part in ("total", "current"):
-            train[part] = {**train[part], "completed": train[part]["processed"]}
-        loops["epoch_loop.batch_progress"] = train
-    else:
-        return
-    loops["epoch_loop.val_loop.batch_progress"] = {
-        "total": {"ready": earlier + 1, "started": earlier + 1, "processed": earlier, "completed": earlier},
-        "current": {"ready": 1, "started": 1, "processed": 0, "completed": 0},
-        "is_last_batch": False,
-    }
-
-
-def epoch_resumes_where_its_batches_stopped(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
-    """Make a checkpoint of an epoch that a fit ended before its last batch (``max_steps``, ``max_time``,
-    ``should_stop``) resume inside that epoch (``on_save_checkpoint``, on the dumped loops).
-
-    Lightning ends such an epoch (its ``epoch_progress`` is processed before ``on_train_epoch_end``, where
-    ``ModelCheckpoint(save_last=True)`` saves, and ``trainer.save_checkpoint`` after ``fit()`` returned sees it
-    completed): a fit extended from it would start the next epoch, the rest of this one never trained, where
-    a longer uninterrupted run trains it. The epoch's progress is written as restarted mid-epoch (``FitLoop``'s
-    ``RESTARTED_MID_EPOCH``: processed and completed one short of started), so the extended fit trains the
-    rest first, as the data state (the epoch's position) says. An iteration-based fit (``max_steps``) that
-    ended with its epoch's last batch is written as that epoch completed and the next one not begun:
-    Lightning's restart on an epoch's end would otherwise train one more batch in the ended epoch.
-    """
-    from lightning.pytorch.trainer.states import TrainerFn
-
-    loops = checkpoint.get("loops", {}).get("fit_loop")
-    if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking or not isinstance(loops, dict):
-        return
-    epoch = trainer.fit_loop.epoch_progress.current
-    trained = trainer.fit_loop.epoch_loop.batch_progress.current.completed
-    started = int(epoch.started)  # type: ignore[attr-defined]  # a _ProcessedTracker at runtime
-    if started == 0 or _processed(epoch) < started or trained == 0:
-        return
-    progress = {part: dict(values) for part, values in loops["epoch_progress"].items()}
-    if trained < trainer.num_training_batches:
-        for part in ("total", "current"):
-            progress[part]["processed"] = progress[part]["completed"] = progress[part]["started"] - 1
-    elif trainer.max_steps != -1:  # iteration-based: Lightning's restart on an epoch's end trains a batch too many
-        for part in ("total", "current"):
-            progress[part]["completed"] = progress[part]["processed"]
-        batch_progress = loops["epoch_loop.batch_progress"]
-        current = dict.fromkeys(batch_progress["current"], 0)
-        loops["epoch_loop.batch_progress"] = {**batch_progress, "current": current, "is_last_batch": False}
-    loops["epoch_progress"] = progress
 
 
 def batches_fetched_before(checkpoint: dict[str, Any]) -> int | None:

@@ -27,11 +27,14 @@ from lightning_resumable.format.audit import AuditLog
 from lightning_resumable.format.envelope import STATE_KEY, Body, Envelope, parse
 from lightning_resumable.internals._lightning import (
     batches_processed,
-    epoch_resumes_where_its_batches_stopped,
+    epoch_of_trained_batches,
     rebuild_train_loader,
     resumes_in_next_epoch,
     saving_off_the_training_path,
     silence_not_resumable_warning,
+)
+from lightning_resumable.internals._loop_progress import (
+    epoch_resumes_where_its_batches_stopped,
     validation_resumes_from_its_start,
 )
 from lightning_resumable.lightning.progress import (
@@ -265,6 +268,8 @@ class ResumableDataCallback(pl.Callback):
             )
         self._started = True
         first = self._owner.start(trainer, batches_processed(trainer))  # refuses another place; verifies
+        if self._owner.rebuild_now:  # the epoch changed under an iterator already made: build the loader again
+            rebuild_train_loader(trainer)
         self._batches.first = (trainer.current_epoch, first)
         self._preemption.hold(trainer)
 
@@ -326,7 +331,7 @@ def envelope_at(
     complete = batches >= trainer.num_training_batches
     at = SavePoint(
         seed=seed,
-        epoch=trainer.current_epoch,
+        epoch=epoch_of_trained_batches(trainer),
         batches=batches,
         complete=complete,
         next_epoch=complete and resumes_in_next_epoch(trainer),

@@ -133,6 +133,10 @@ class MixtureOwner(Owner[MixtureState]):
         )
         return MixtureState(loader, record)
 
+    @property
+    def rebuild_now(self) -> bool:  # type: ignore[override]  # the loader owner's
+        return self.one.rebuild_now
+
     def start(self, trainer: pl.Trainer, batches: int) -> int:
         if self.verified is None:
             return self.one.start(trainer, batches)

@@ -51,6 +51,8 @@ class Owner(ABC, Generic[S]):
     """One kind of train input, typed by the state it saves and restores; see the module's promise."""
 
     state_type: type[S]
+    rebuild_now = False
+    """Set by `start`: the loaders' iterators made before it read the wrong epoch ahead; build them again."""
 
     def restore_saved(self, saved: Body, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
         """`restore` a checkpoint's state, refused if it is another kind's."""
@@ -151,7 +153,7 @@ class LoaderOwner(Owner[LoaderState]):
         return self.owned.save(at.batches, None, at)
 
     def start(self, trainer: pl.Trainer, batches: int) -> int:
-        self.owned.check_start(trainer, (0, batches))
+        self.rebuild_now = self.owned.check_start(trainer, (0, batches))
         epoch, _, restored_batches = self.sampler.origin
         if epoch == trainer.current_epoch and 0 < trainer.num_training_batches <= restored_batches:
             self.sampler.end_restored_epoch()  # limit_train_batches reached: Lightning ends the epoch, reads no more
@@ -218,8 +220,12 @@ class LoadersOwner(Owner[LoadersState]):
         for owned in self.owned.values():
             # Where Lightning ended the saved epoch (a finished fit extended), how far each loader read in it (a
             # shorter one restarted, a longer one cut short) no longer matters: the next epoch starts.
-            owned.check_start(trainer, loader_position(self.mode, batches, len(owned.loader)), saved_epoch_over=True)
+            position = loader_position(self.mode, batches, len(owned.loader))
+            self.rebuild_now = owned.check_start(trainer, position, saved_epoch_over=True) or self.rebuild_now
             first = max(first, owned.first_batch())
+        if 0 < trainer.num_training_batches <= first:  # Lightning ends the restored epoch here (its last batch)
+            for owned in self.owned.values():
+                owned.sampler.end_restored_epoch()
         return first
 
     def check_first_batch(self) -> None:

@@ -194,14 +194,16 @@ class SampledLoader:
         self.to_verify, self.verifying_produced = None, False
         return True
 
-    def check_start(self, trainer: pl.Trainer, expected: tuple[int, int], saved_epoch_over: bool | None = None) -> None:
-        """Refuse a trainer that resumes another place than the data (an epoch over: `start_next_epoch_if_over`,
-        for a strategy that restored the trainer's loops after building the loader); verify the next batches."""
-        self.start_next_epoch_if_over(trainer.current_epoch, saved_epoch_over)
+    def check_start(self, trainer: pl.Trainer, expected: tuple[int, int], saved_epoch_over: bool | None = None) -> bool:
+        """Refuse a trainer that resumes another place than the data; verify the next batches. Whether it
+        started the next epoch here (`start_next_epoch_if_over`, for a loader built before Lightning restored
+        its loops, as ``estimated_stepping_batches`` does): an iterator made before read ahead of it."""
+        if self.start_next_epoch_if_over(trainer.current_epoch, saved_epoch_over):
+            return True
         epoch, position, batches = self.sampler.origin
         cycle, expected_batches = expected
         if (epoch, position) == (trainer.current_epoch + 1, 0) and expected_batches >= trainer.num_training_batches:
-            return  # Lightning first ends an epoch it trained to its end (a max_steps run saved there): nothing read
+            return False  # Lightning first ends an epoch it trained to its end (a max_steps run saved there)
         if epoch != trainer.current_epoch:
             raise IncompatibleStateError(
                 f"the data state{self.where} resumes epoch {epoch} but the trainer resumes epoch"
@@ -219,6 +221,7 @@ class SampledLoader:
             saved, fingerprints = self.to_verify
             self.to_verify = None
             check_fingerprints(self.loader, saved, fingerprints, trainer.global_rank, trainer.world_size)
+        return False
 
     def first_batch(self) -> int:
         _, _, origin_batches = self.sampler.origin

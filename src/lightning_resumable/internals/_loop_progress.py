@@ -1,0 +1,114 @@
+"""Lightning's loop progress as a checkpoint writes it, made to resume where the data does: the one place
+that edits the dumped ``loops`` (``on_save_checkpoint``). Lightning-private, as the rest of `internals`.
+
+Checked against lightning 2.6.6; ``tests/test_lightning_internals.py`` reads the keys and restart stages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+
+from lightning_resumable.internals._lightning import _processed, _validation_follows
+
+__all__ = ["epoch_resumes_where_its_batches_stopped", "validation_resumes_from_its_start"]
+
+
+def validation_resumes_from_its_start(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
+    """Make a checkpoint written before or inside a validation that the run would complete resume with
+    that whole validation, as the uninterrupted run had it (``on_save_checkpoint``, on the dumped loops).
+
+    Lightning 2.6 resumes a validation only when the save came inside a ``validation_step``, and then from
+    the batch it was in, its earlier batches' metrics lost; a save in ``on_validation_batch_end``, or in
+    ``on_train_batch_end`` before a due validation (``ModelCheckpoint(every_n_train_steps=...)``), skips it
+    (``_TrainingEpochLoop.advance``: ``increment_progress_to_evaluation_end``, ``_skip_next_val``). Here
+    the validation loop's progress is written as ``RESTARTED_MID_EVALUATION`` before its first batch, and,
+    for a save before it, the training batch as completed (the validation ran after its completion):
+    Lightning's own restart then runs the validation from its first batch before the next training batch.
+    A checkpoint written at ``on_validation_end`` (the validation complete), or with no validation due,
+    says no validation is in progress: its progress counts as many batches ready as completed. (A run
+    restarted mid-evaluation counts one more ready than completed from then on, which would make the
+    next resume run a validation again.)
+    """
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    loops = checkpoint.get("loops", {}).get("fit_loop")
+    if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking or not isinstance(loops, dict):
+        return
+    epoch_loop = trainer.fit_loop.epoch_loop
+    val, batch = epoch_loop.val_loop.batch_progress, epoch_loop.batch_progress
+    if trainer.validating:
+        if val.current.ready and val.current.completed == val.current.ready and val.is_last_batch:
+            _no_validation_in_progress(loops)  # complete: its on_validation_end (ModelCheckpoint(monitor=...))
+            return
+        earlier = val.total.ready - val.current.ready  # batches of this epoch's earlier validations
+    elif batch.current.completed == _processed(batch.current) - 1 and _validation_follows(trainer):
+        earlier = val.total.completed
+        train = {key: value for key, value in loops["epoch_loop.batch_progress"].items()}
+        for part in ("total", "current"):
+            train[part] = {**train[part], "completed": train[part]["processed"]}
+        loops["epoch_loop.batch_progress"] = train
+    else:
+        _no_validation_in_progress(loops)
+        return
+    loops["epoch_loop.val_loop.batch_progress"] = {
+        "total": {"ready": earlier + 1, "started": earlier + 1, "processed": earlier, "completed": earlier},
+        "current": {"ready": 1, "started": 1, "processed": 0, "completed": 0},
+        "is_last_batch": False,
+    }
+
+
+def _no_validation_in_progress(loops: dict[str, Any]) -> None:
+    progress = loops.get("epoch_loop.val_loop.batch_progress")
+    if isinstance(progress, dict) and isinstance(progress.get("total"), dict):
+        done = progress["total"].get("completed", 0)
+        total = {**progress["total"], "ready": done, "started": done, "processed": done}
+        loops["epoch_loop.val_loop.batch_progress"] = {**progress, "total": total}
+
+
+def epoch_resumes_where_its_batches_stopped(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
+    """Make a checkpoint of an epoch that a fit ended before its last batch (``max_steps``, ``max_time``,
+    ``should_stop``) resume inside that epoch (``on_save_checkpoint``, on the dumped loops).
+
+    Lightning ends such an epoch (its ``epoch_progress`` is processed before ``on_train_epoch_end``, where
+    ``ModelCheckpoint(save_last=True)`` saves, and ``trainer.save_checkpoint`` after ``fit()`` returned sees it
+    completed): a fit extended from it would start the next epoch, the rest of this one never trained, where
+    a longer uninterrupted run trains it. The epoch's progress is written as restarted mid-epoch (``FitLoop``'s
+    ``RESTARTED_MID_EPOCH``: processed and completed one short of started), so the extended fit trains the
+    rest first, as the data state (the epoch's position) says. An iteration-based fit (``max_steps``) that
+    ended with its epoch's last batch is written as that epoch completed and the next one not begun:
+    Lightning's restart on an epoch's end would otherwise train one more batch in the ended epoch. And a
+    save inside an epoch that a restart from the last batch before it began, which Lightning's progress
+    does not mark started, is written as that epoch started (else a second resume resumed the epoch before).
+    """
+    from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
+
+    loops = checkpoint.get("loops", {}).get("fit_loop")
+    if trainer.state.fn != TrainerFn.FITTING or trainer.sanity_checking or not isinstance(loops, dict):
+        return
+    epoch = trainer.fit_loop.epoch_progress.current
+    trained = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+    started = int(epoch.started)  # type: ignore[attr-defined]  # a _ProcessedTracker at runtime
+    progress = {part: dict(values) for part, values in loops["epoch_progress"].items()}
+    running = trainer.state.status != TrainerStatus.FINISHED  # not a save after fit() returned
+    if running and started == _processed(epoch) == trainer.current_epoch and 0 < trained < trainer.num_training_batches:
+        # Lightning's restart from an epoch's last batch ends that epoch without marking the next one started
+        # (its progress stays ready = started = processed): a save inside the next one would resume the epoch
+        # before it. The epoch in progress is written as started.
+        for part in ("total", "current"):
+            progress[part]["ready"] = progress[part]["started"] = progress[part]["processed"] + 1
+        loops["epoch_progress"] = progress
+        return
+    if started == 0 or _processed(epoch) < started or trained == 0:
+        return
+    if trained < trainer.num_training_batches and not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+        for part in ("total", "current"):
+            progress[part]["processed"] = progress[part]["completed"] = progress[part]["started"] - 1
+    elif trainer.max_steps != -1:  # iteration-based: Lightning's restart on an epoch's end trains a batch too many
+        for part in ("total", "current"):
+            progress[part]["completed"] = progress[part]["processed"]
+        batch_progress = loops["epoch_loop.batch_progress"]
+        current = dict.fromkeys(batch_progress["current"], 0)
+        loops["epoch_loop.batch_progress"] = {**batch_progress, "current": current, "is_last_batch": False}
+    loops["epoch_progress"] = progress
