@@ -63,8 +63,8 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
     scenario = replace(
         scenario, stop_kind=stop_kind, stop_epoch=draw.choice((0, 1)), epochs=3 if draw.random() < 0.3 else 2
     )
-    if scenario.stop_epoch == scenario.epochs - 1 and stop_kind == "last_batch":
-        scenario = replace(scenario, epochs=3)
+    if scenario.stop_epoch == scenario.epochs - 1 and scenario.stop_batch >= scenario.batches_per_epoch - 1:
+        scenario = replace(scenario, epochs=3)  # a stop at the run's very end would resume nothing
     if scenario.accumulate > 1:  # a save at an accumulation boundary (batch index odd)
         scenario = replace(scenario, stop_batch_override=1 if scenario.batches_per_epoch > 2 else None)
     if data in ("map", "mixture", "combined", "dict") and draw.random() < 0.4:
