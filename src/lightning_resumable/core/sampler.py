@@ -135,8 +135,8 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         """
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
-        spends_restore = self._origin_is_restored and self.origin_at_end and epoch == self.epoch + 1
-        if self._origin_is_restored and epoch != self.epoch and not spends_restore:
+        restored_elsewhere = self._origin_is_restored and epoch != self.epoch
+        if restored_elsewhere and not (epoch == self.epoch + 1 and self.origin_at_end):  # a length may cost a pass
             raise PendingRestoreError(
                 f"set_epoch({epoch}) after a restore of epoch {self.epoch} at position {self._origin_position}"
                 f" would start epoch {epoch} from its beginning and drop the restored position. Under Fabric,"

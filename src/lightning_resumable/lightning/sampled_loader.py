@@ -185,9 +185,9 @@ class SampledLoader:
         a save after ``fit()`` returned): then that next epoch starts. Over: its sampler left no batch, or
         ``saved_epoch_over`` (several loaders, whose epoch Lightning ends). Its start is a pure function of the
         seed: nothing to verify."""
-        restored_epoch = self.sampler.origin[0]
-        over = self.sampler.origin_at_end if saved_epoch_over is None else saved_epoch_over
-        if restored_epoch + 1 != epoch or not over:
+        if self.sampler.origin[0] + 1 != epoch:
+            return False
+        if not (self.sampler.origin_at_end if saved_epoch_over is None else saved_epoch_over):
             return False
         self.sampler.end_restored_epoch()
         self.sampler.set_epoch(epoch)
