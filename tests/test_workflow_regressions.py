@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import random
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import CombinedLoader
 from lightning.pytorch.utilities.data import _is_dataloader_shuffled
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
@@ -143,6 +145,119 @@ def test_a_run_resumed_twice_through_an_epochs_end_goes_on_exactly(tmp_path: Pat
     b = seeded_fit(tmp_path / "b", Data(), SaveAtBatch(1, 3, second), ckpt_path=first, max_epochs=3)
     c = seeded_fit(tmp_path / "c", Data(), ckpt_path=second, max_epochs=3)
     assert a.seen + b.seen + c.seen == full.seen
+
+
+class SavesInStep(Model):
+    """Saves inside the step of batch ``batch`` of epoch ``epoch`` (a preemption's save: the resume trains that
+    batch again) and ends the fit after it."""
+
+    def __init__(self, epoch: int, batch: int, path: Path) -> None:
+        super().__init__()
+        self.target, self.path = (epoch, batch), path
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if (self.current_epoch, batch_idx) == self.target:
+            self.trainer.save_checkpoint(self.path)
+            self.trainer.should_stop = True
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_run_resumed_from_inside_a_step_then_from_an_epochs_end_goes_on_exactly(tmp_path: Path) -> None:
+    """Found by the workflow matrix: Lightning's restart resets only the ``current`` batch progress, so after a
+    resume from inside a step its ``total`` stays a batch ahead, and the next resume, from an epoch's last batch,
+    was not read as one (Lightning resumed the ended epoch, the data the next: refused as "the data state resumes
+    epoch 1 but the trainer resumes epoch 0", or for several loaders a step trained twice)."""
+    full = seeded_fit(tmp_path / "full", Data(), max_epochs=3)
+    first, second = tmp_path / "first.ckpt", tmp_path / "second.ckpt"
+    a = seeded_fit(tmp_path / "a", Data(), model=lambda: SavesInStep(0, 2, first), max_epochs=3)
+    b = seeded_fit(tmp_path / "b", Data(), SaveAtBatch(0, 7, second), ckpt_path=first, max_epochs=3)
+    c = seeded_fit(tmp_path / "c", Data(), ckpt_path=second, max_epochs=3)
+    assert a.seen[:-1] + b.seen + c.seen == full.seen  # the step the first save was in is trained again
+
+
+class SlowThirdBatch(TensorDataset):
+    """Three workers, unshuffled batches of two: batch 1 (worker 1) is slow, so the main process, waiting for it,
+    takes batch 3 (worker 0) in ahead of its turn; batch 2 (worker 2) is slower still, owed when the exception
+    below ends the fit in step 1."""
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        if torch.utils.data.get_worker_info() is not None:
+            time.sleep(
+                {2: 0.3, 3: 0.3, 4: 1.0, 5: 1.0}.get(index, 0)
+            )  # provokes the race; the result cannot depend on it
+        return super().__getitem__(index)
+
+
+class WorkersData(ResumableDataModule, L.LightningDataModule):
+    """Two loaders in ``max_size`` mode (Lightning reads no batch ahead of them: the save reads it)."""
+
+    def train_dataloader(self) -> CombinedLoader:
+        slow = DataLoader(SlowThirdBatch(torch.arange(16).float().unsqueeze(1)), batch_size=2, num_workers=3)
+        other = DataLoader(TensorDataset(torch.arange(8).float().unsqueeze(1)), batch_size=2)
+        return CombinedLoader({"slow": slow, "other": other}, "max_size")
+
+
+class FailsInStep(Model):
+    """Fails once batch 1 is done (as a SIGTERM acted on there does): the checkpoint resumes at batch 2."""
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if (self.current_epoch, batch_idx) == (0, 1) and self.fails:
+            raise RuntimeError("the node went away")
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.seen.append([batch[key][0].flatten().tolist() for key in sorted(batch) if batch[key] is not None])
+        return self.layer(batch["slow"][0]).mean()
+
+    fails = True
+
+
+class Trains(FailsInStep):
+    fails = False
+
+
+def test_a_save_on_the_exception_path_reads_the_next_batch_before_the_workers_end(tmp_path: Path) -> None:
+    """Found by the workflow matrix: the callback ends the train loaders' workers in ``on_exception``, before
+    ``OnExceptionCheckpoint`` saves; the save then read the batch it fingerprints from a retired iterator, which
+    skips the batches its workers still owed, and the resume refused the checkpoint (``ResumeVerificationError``).
+    The data state is now taken before the workers end."""
+    from lightning.pytorch.callbacks import OnExceptionCheckpoint
+
+    full = seeded_fit(tmp_path / "full", WorkersData(), model=Trains)
+    on_exception = OnExceptionCheckpoint(tmp_path, "failed")
+    with pytest.raises(RuntimeError, match="the node went away"):
+        seeded_fit(tmp_path / "a", WorkersData(), on_exception, model=FailsInStep, enable_checkpointing=True)
+    resumed = seeded_fit(tmp_path / "b", WorkersData(), model=Trains, ckpt_path=tmp_path / "failed.ckpt")
+    assert resumed.seen == full.seen[2:]
+
+
+class ShuffledValidationData(Data):
+    """A validation loader that shuffles on one process: ``RandomSampler`` draws its order from torch's generator."""
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(TensorDataset(torch.arange(8).float().unsqueeze(1)), batch_size=2, shuffle=True)
+
+
+class RecordsValidations(Model):
+    def __init__(self) -> None:
+        super().__init__()
+        self.validated: list[Any] = []
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self.validated.append(batch[0].flatten().tolist())
+
+
+def test_a_validation_a_resume_runs_again_draws_what_it_drew_in_the_uninterrupted_run(tmp_path: Path) -> None:
+    """Found by the workflow matrix: a checkpoint at an epoch's last batch resumes with that epoch's validation,
+    whose shuffled loader drew its order from the global generators as the resume left them (a validation of
+    other batches, other metrics). With ``seed_steps`` they are seeded at each step's end too, and a resume after
+    a step seeds them as its end did."""
+    options: dict[str, Any] = dict(max_epochs=2, limit_val_batches=1, num_sanity_val_steps=0)
+    full = seeded_fit(tmp_path / "full", ShuffledValidationData(), model=RecordsValidations, **options)
+    path = tmp_path / "last.ckpt"
+    seeded_fit(tmp_path / "a", ShuffledValidationData(), SaveAtBatch(0, 7, path), model=RecordsValidations, **options)
+    resumed = seeded_fit(tmp_path / "b", ShuffledValidationData(), model=RecordsValidations, ckpt_path=path, **options)
+    assert len(full.validated) == 2
+    assert resumed.validated == full.validated
 
 
 # ------------------------------------------------------------------------------ B: saves are free

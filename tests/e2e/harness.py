@@ -38,6 +38,9 @@ Records = dict[int, list[dict[str, Any]]]
 """Per rank, the completed training steps in order: epoch, batch index, sample ids, augmentation
 values and loss."""
 FIELDS = ("epoch", "batch", "ids", "aug", "loss", "level")
+WITH_PARAMETERS = (*FIELDS, "params")
+"""The fields and the parameters' digest after each step (recorded on one and two processes, where they are
+bit for bit): the workflow matrix compares them too, so the last step's update is compared as well."""
 LOSS_TOLERANCE = 1e-5
 """Relative, for losses of runs on three or more processes, where DDP reduces a resumed run's first
 step to other bits (test_ddp_first_step.py; docs/guarantees.md); bit for bit on one and two."""
@@ -122,11 +125,16 @@ class Scenario:
     resume_mixture_sources: tuple[tuple[str, int], ...] | None = None
     resume_mixture_weights: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] | None = None
     extra_saves_every: int = 0
+    limit_train_batches: int | None = None
+    manual_optimization: bool = False
+    val_loader: str = "plain"
 
     @property
     def batches_per_epoch(self) -> int:
-        """Batches each rank trains per epoch, as DistributedSampler and DataLoader count them."""
-        return SETUPS[self.data].batches_per_epoch(self)
+        """Batches each rank trains per epoch, as DistributedSampler and DataLoader count them (and
+        ``Trainer(limit_train_batches=...)`` cuts them)."""
+        natural = SETUPS[self.data].batches_per_epoch(self)
+        return natural if self.limit_train_batches is None else min(natural, self.limit_train_batches)
 
     @property
     def stop_batch(self) -> int:
@@ -483,3 +491,22 @@ class Runner:
 def ids_in_epoch(records: Records, epoch: int) -> list[int]:
     """Every sample id the ranks trained in ``epoch``, rank after rank."""
     return [i for rank_records in records.values() for r in rank_records if r["epoch"] == epoch for i in r["ids"]]
+
+
+def data_after_epoch(records: Records, epoch: int) -> dict[int, list[tuple[object, ...]]]:
+    """Per rank, what each later step read: epoch, batch, ids and augmentations (not the loss)."""
+    return {
+        rank: [(r["epoch"], r["batch"], r["ids"], r["aug"]) for r in rank_records if r["epoch"] > epoch]
+        for rank, rank_records in records.items()
+    }
+
+
+def augmentation_by_id(*runs: Records, epoch: int) -> dict[int, list[list[float]]]:
+    """Sample id -> its augmentations in the epoch, in the order of ``runs`` (padding repeats an id)."""
+    found: dict[int, list[list[float]]] = {}
+    for rank_records in (records for run in runs for records in run.values()):
+        for record in rank_records:
+            if record["epoch"] == epoch:
+                for sample, values in zip(record["ids"], record["aug"], strict=True):
+                    found.setdefault(sample, []).append(values)
+    return found

@@ -15,28 +15,9 @@ from dataclasses import replace
 
 import pytest
 
-from .harness import Records, Runner, Scenario, ids_in_epoch
+from .harness import Runner, Scenario, augmentation_by_id, data_after_epoch, ids_in_epoch
 
 STOPPED_ON_TWO = Scenario(world_size=2, stop_kind="batch_end")
-
-
-def data_after_epoch(records: Records, epoch: int) -> dict[int, list[tuple[object, ...]]]:
-    """Per rank, what each later step read: epoch, batch, ids and augmentations (not the loss)."""
-    return {
-        rank: [(r["epoch"], r["batch"], r["ids"], r["aug"]) for r in rank_records if r["epoch"] > epoch]
-        for rank, rank_records in records.items()
-    }
-
-
-def augmentation_by_id(*runs: Records, epoch: int) -> dict[int, list[list[float]]]:
-    """Sample id -> its augmentations in the epoch, in the order of ``runs`` (padding repeats an id)."""
-    found: dict[int, list[list[float]]] = {}
-    for rank_records in (records for run in runs for records in run.values()):
-        for record in rank_records:
-            if record["epoch"] == epoch:
-                for sample, values in zip(record["ids"], record["aug"], strict=True):
-                    found.setdefault(sample, []).append(values)
-    return found
 
 
 @pytest.mark.parametrize("new_world_size", [3, 1])

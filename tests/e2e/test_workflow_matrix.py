@@ -13,14 +13,24 @@ A failure names its seed and the command that reruns it. The draw keeps to what 
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from dataclasses import replace
 
 import pytest
 
-from .chains import CI_SEEDS, Leg, run_chain
-from .harness import FIELDS, Outcome, Records, Runner, Scenario
+from .chains import CASE_SEEDS, CHAIN_SEEDS, CI_SEEDS, Leg, run_chain
+from .harness import (
+    WITH_PARAMETERS,
+    Outcome,
+    Records,
+    Runner,
+    Scenario,
+    augmentation_by_id,
+    data_after_epoch,
+    ids_in_epoch,
+)
 
 _SAMPLERS = ("shuffle", "shuffle", "weighted", "replacement", "num_samples", "subset", "bucketing")
 
@@ -90,6 +100,19 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
         options = (("seed_steps", False),)
         scenario = replace(scenario, callback_options=options, extra_saves_every=scenario.extra_saves_every or 1)
         reference = replace(reference, callback_options=options)
+    # Added with the soak of issue 35 (after the draws above, which stay each seed's).
+    both: dict[str, object] = {"val_loader": draw.choice(("plain", "plain", "shuffled", "batch_sampler"))}
+    if scenario.accumulate == 1 and scenario.strategy == "ddp" and draw.random() < 0.2:
+        both["manual_optimization"] = True
+    if data in ("map", "mixture", "combined", "dict") and scenario.batches_per_epoch > 5 and draw.random() < 0.2:
+        both["limit_train_batches"] = draw.choice((4, 5))  # a validation (every 2 batches) ends the 4-batch epoch
+    scenario, reference = replace(scenario, **both), replace(reference, **both)  # type: ignore[arg-type]
+    if scenario.stop_epoch == scenario.epochs - 1 and scenario.stop_batch >= scenario.batches_per_epoch - 1:
+        scenario, reference = replace(scenario, epochs=3), replace(reference, epochs=3)
+    elastic = data == "map" and scenario.sampler == "shuffle" and not scenario.drop_last
+    elastic = elastic and scenario.strategy == "ddp" and scenario.accumulate == 1 and not scenario.callback_options
+    if elastic and scenario.limit_train_batches is None and draw.random() < 0.6:
+        scenario = replace(scenario, resume_world_size=3 - scenario.world_size)  # 2 -> 1 or 1 -> 2 (docs: elastic)
     return scenario, reference
 
 
@@ -111,6 +134,7 @@ def draw_chain(seed: int) -> tuple[Scenario, list[Leg]]:
         resume_num_workers=None,
         resume_mixture_weights=None,
         resume_mixture_sources=None,
+        resume_world_size=None,
         callback_options=(),
         epochs=draw.choice((2, 3)),
         extra_saves_every=draw.choice((0, 2, 3)),
@@ -164,42 +188,70 @@ def _fits(kind: str, epoch: int, batch: int, scenario: Scenario) -> bool:
     return (batch + 1) % window == 0
 
 
+def elastic_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
+    """What docs/guarantees.md promises of a resume on another world size ("Elastic resume"): the interrupted
+    epoch trains each remaining sample once (plus DistributedSampler's padding on the new size), each with its
+    uninterrupted augmentation; the later epochs read what a fresh run on the new size reads. Before the stop,
+    the run is the uninterrupted one."""
+    scenario, stopped, resumed = outcome.scenario, outcome.stopped, outcome.resumed
+    new_size, epoch = scenario.resume_world_size, scenario.stop_epoch
+    assert new_size is not None
+    problems = stopped_mismatches(outcome.full, stopped)
+    before, after = ids_in_epoch(stopped, epoch), ids_in_epoch(resumed, epoch)
+    remaining = scenario.dataset_size - len(before)
+    padding = math.ceil(remaining / new_size) * new_size - remaining
+    if set(before + after) != set(range(scenario.dataset_size)) or len(after) != remaining + padding:
+        problems.append(f"epoch {epoch}: trained {sorted(before + after)}, not each sample once (+{padding} padding)")
+    expected = augmentation_by_id(outcome.full, epoch=epoch)
+    for sample, values in augmentation_by_id(stopped, resumed, epoch=epoch).items():
+        if any(value != expected[sample][0] for value in values):
+            problems.append(f"epoch {epoch}: sample {sample} augmented {values}, not {expected[sample][0]}")
+            break
+    fresh = runner.full(replace(scenario, world_size=new_size, resume_world_size=None, resume_num_workers=None))
+    if data_after_epoch(resumed, epoch) != data_after_epoch(fresh, epoch):
+        problems.append(f"the epochs after {epoch} do not read what a fresh run on {new_size} process(es) reads")
+    return problems
+
+
 def stopped_mismatches(full: Records, stopped: Records) -> list[str]:
     """Per rank, where the stopped run's steps differ from the uninterrupted run's first steps, in every field."""
     problems = []
     for rank, steps in stopped.items():
         for index, (want, got) in enumerate(zip(full[rank], steps, strict=False)):
-            differing = [name for name in FIELDS if want.get(name) != got.get(name)]
+            differing = [name for name in WITH_PARAMETERS if want.get(name) != got.get(name)]
             if differing:
                 problems.append(f"rank {rank} step {index} before the stop differs in {differing}: {want} != {got}")
                 break
     return problems
 
 
-def seeds() -> list[int]:
+def seeds(found: tuple[int, ...] = ()) -> list[int]:
+    """The seeds to run: ``E2E_MATRIX_SEEDS``, or ``E2E_MATRIX_SOAK`` fresh ones, or CI's (with ``found``)."""
     if os.environ.get("E2E_MATRIX_SEEDS"):
         return [int(each) for each in os.environ["E2E_MATRIX_SEEDS"].split(",")]
     soak = int(os.environ.get("E2E_MATRIX_SOAK", "0"))
     if soak:
         fresh = random.SystemRandom()
         return [fresh.randrange(10**6, 10**9) for _ in range(soak)]
-    return list(CI_SEEDS)
+    return [*CI_SEEDS, *found]
 
 
-@pytest.mark.parametrize("seed", seeds())
+@pytest.mark.parametrize("seed", seeds(CASE_SEEDS))
 def test_a_drawn_workflow_resumes_exactly(runner: Runner, seed: int) -> None:
     scenario, reference = draw_case(seed)
     rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_workflow_matrix.py"
     try:
         outcome = Outcome(scenario, runner.full(reference), runner.stopped(scenario), runner.resumed(scenario))
-        if ("seed_steps", False) in scenario.callback_options:
+        if scenario.resume_world_size is not None:
+            problems = elastic_mismatches(runner, outcome)
+        elif ("seed_steps", False) in scenario.callback_options:
             # A resume cannot restore the global generators (documented): exact ids throughout, and before the
             # stop, with saves every few steps, everything: a save must not move them.
             problems = outcome.stream_mismatches(("epoch", "batch", "ids"))
             problems += stopped_mismatches(outcome.full, outcome.stopped)
         else:
-            problems = outcome.stream_mismatches()
-        if scenario.resume_mixture_weights is None and not scenario.callback_options:
+            problems = outcome.stream_mismatches(WITH_PARAMETERS)
+        if scenario.resume_mixture_weights is None and not scenario.callback_options and not scenario.resume_world_size:
             problems += outcome.validation_mismatches(runner)
     except AssertionError as error:  # a run that failed or refused
         raise AssertionError(f"seed {seed} ({scenario.label()}): a run failed; rerun: {rerun}\n{error}") from None
@@ -212,7 +264,7 @@ def test_the_draw_is_a_pure_function_of_the_seed() -> None:
     assert drawn == {"map", "stream", "mixture", "combined", "dict"}, "every kind of train input is drawn"
 
 
-@pytest.mark.parametrize("seed", seeds())
+@pytest.mark.parametrize("seed", seeds(CHAIN_SEEDS))
 def test_a_drawn_run_interrupted_several_times_resumes_exactly(runner: Runner, seed: int) -> None:
     scenario, legs = draw_chain(seed)
     rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_workflow_matrix.py"
@@ -228,7 +280,7 @@ def test_a_drawn_run_interrupted_several_times_resumes_exactly(runner: Runner, s
     outcome = Outcome(scenario, full, {rank: [] for rank in steps}, steps)
     # Not Lightning's batch_idx: after a chain of resumes through an epoch's end Lightning 2.6 may number an
     # epoch's batches from where the one before ended (the callback warns, and counts them from the data).
-    fields = [name for name in FIELDS if name != "batch"]
+    fields = [name for name in WITH_PARAMETERS if name != "batch"]
     problems = [problem for problem in outcome.stream_mismatches(fields) if "did not stop and resume" not in problem]
     for rank, expected in full_validations.items():
         if validations[rank] != expected:

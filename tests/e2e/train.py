@@ -17,6 +17,7 @@ ends the process at once with ``os._exit`` (no cleanup, no exception handling, l
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -39,11 +40,13 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import (
+    BatchSampler,
     DataLoader,
     Dataset,
     IterableDataset,
     RandomSampler,
     Sampler,
+    SequentialSampler,
     SubsetRandomSampler,
     WeightedRandomSampler,
     get_worker_info,
@@ -347,6 +350,15 @@ class Recorder:
         os.fsync(self.file.fileno())
 
 
+def parameters_digest(module: torch.nn.Module) -> str:
+    """The bits of ``module``'s parameters (each rank's own shard under FSDP2)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for parameter in module.parameters():
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+        digest.update(local.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def hang_forever() -> None:
     threading.Event().wait()
 
@@ -388,6 +400,8 @@ class StepRecorder(L.Callback):
         }
         if self.config.get("curriculum"):
             record["level"] = batch[1][:, 0].floor_divide(10).int().tolist()
+        if self.config["world_size"] <= 2:  # bit for bit there: the parameters after the step
+            record["params"] = parameters_digest(pl_module)
         self.recorder.write(record)
         self.steps += 1
 
@@ -431,6 +445,7 @@ class Model(L.LightningModule):
         super().__init__()
         self.config = config
         self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+        self.automatic_optimization = not config.get("manual_optimization")
 
     def configure_model(self) -> None:
         # Lightning calls it in every stage (validate() then fit() on the same model): idempotent, as it asks.
@@ -460,7 +475,13 @@ class Model(L.LightningModule):
         if self.config.get("hang_rank") == self.global_rank:  # a hung rank, for the harness's timeout test
             hang_forever()
         parts = list(batch.values()) if isinstance(batch, dict) else [batch]
-        return sum(self.net(part[1]).pow(2).mean() for part in parts if part is not None)  # type: ignore[return-value]
+        loss: torch.Tensor = sum(self.net(part[1]).pow(2).mean() for part in parts if part is not None)  # type: ignore[assignment]
+        if not self.automatic_optimization:  # the user's own optimizer calls
+            optimizer = self.optimizers()
+            optimizer.zero_grad()  # type: ignore[union-attr]
+            self.manual_backward(loss)
+            optimizer.step()  # type: ignore[union-attr]
+        return loss
 
     def on_train_epoch_end(self) -> None:
         if self.config.get("curriculum"):
@@ -648,7 +669,12 @@ class PlainData(L.LightningDataModule):
         return loader_type(stream, batch_size=self.config["batch_size"], num_workers=workers, collate_fn=collate)
 
     def val_dataloader(self) -> DataLoader[Any]:
-        return DataLoader(IdDataset(self.config.get("val_size", 8)), batch_size=4)
+        """``val_loader``: ``plain``, ``shuffled`` (Lightning keeps the shuffle under DDP) or ``batch_sampler``."""
+        dataset = IdDataset(self.config.get("val_size", 8))
+        kind = self.config.get("val_loader", "plain")
+        if kind == "batch_sampler":
+            return DataLoader(dataset, batch_sampler=BatchSampler(SequentialSampler(dataset), 4, drop_last=False))
+        return DataLoader(dataset, batch_size=4, shuffle=kind == "shuffled")
 
     test_dataloader = val_dataloader
     predict_dataloader = val_dataloader
@@ -826,6 +852,7 @@ def main(config_path: str) -> None:
         val_check_interval=config.get("val_check_interval", 1.0),
         check_val_every_n_epoch=config.get("check_val_every_n_epoch", 1),
         accumulate_grad_batches=config.get("accumulate", 1),
+        limit_train_batches=config.get("limit_train_batches") or 1.0,
         limit_val_batches=config.get("limit_val_batches", 1),
         num_sanity_val_steps=0,
         logger=False,

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from lightning_resumable.core.verification import digest_of
 from lightning_resumable.internals._torch import (
     batches_handed_out,
+    has_shut_down,
     iterator_factory,
     next_batch_function,
     replace_next_batch,
@@ -110,8 +111,8 @@ class ProducedBatches:
 
         def read_ahead(batch: int) -> None:
             watched = reference()
-            if watched is None or ahead or record._start is None:
-                return
+            if watched is None or ahead or record._start is None or has_shut_down(watched):
+                return  # a retired iterator's workers are gone: torch would skip the batches they owed
             if record._start[2] + batches_handed_out(watched) != batch:
                 return
             try:

@@ -36,7 +36,14 @@ from lightning_resumable.core.held_generators import HeldGenerators
 from lightning_resumable.core.order import position_hash
 from lightning_resumable.core.watched_globals import WatchedGlobals, seed_generators
 from lightning_resumable.errors import NotInSampleFetchError
-from lightning_resumable.format._keys import Domain, explicit_generator_seed, step_seed, stream_key, stream_sample_seed
+from lightning_resumable.format._keys import (
+    Domain,
+    after_step_seed,
+    explicit_generator_seed,
+    step_seed,
+    stream_key,
+    stream_sample_seed,
+)
 
 __all__ = [
     "SampleKey",
@@ -90,9 +97,11 @@ def seed_global_generators(seed: int) -> None:
     seed_generators(seed)
 
 
-def seed_training_step(seed: int, epoch: int, batch_index: int) -> None:
-    """Reseed the generators a training step draws from (dropout, random layers), CUDA's included."""
-    derived = step_seed(seed, epoch, batch_index)
+def seed_training_step(seed: int, epoch: int, batch_index: int, ended: bool = False) -> None:
+    """Reseed the generators a training step draws from (dropout, random layers), CUDA's included; with
+    ``ended``, the ones what runs after it draws from (a validation's shuffle and augmentations), which a
+    resume after that step seeds alike."""
+    derived = (after_step_seed if ended else step_seed)(seed, epoch, batch_index)
     seed_global_generators(derived)
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.manual_seed(derived)

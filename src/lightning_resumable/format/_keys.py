@@ -30,6 +30,7 @@ class Domain(IntEnum):
 
     SAMPLE = 0x5A4D504C45  # a sample's seed from (seed, epoch, position)
     STEP = 0x53544550  # "STEP": a training step's seed from (seed, epoch, batch)
+    AFTER_STEP = 0x4146544552  # "AFTER": the generators' seed once a training step has ended
     CYCLE = 0x4359434C45  # "CYCLE": a restarted loader's stream within an epoch
     STREAM = 0x53545245414D  # "STREAM": one worker's stream on one rank
     DRAW = 0x44524157  # "DRAW": uniform draws of the standard samplers
@@ -69,6 +70,11 @@ def domain_key(seed: int, domain: int, *parts: int) -> int:
 def step_seed(seed: int, epoch: int, batch: int) -> int:
     """The seed a training step starts from (below 2**63)."""
     return domain_key(seed, Domain.STEP, epoch, batch) >> 1
+
+
+def after_step_seed(seed: int, epoch: int, batch: int) -> int:
+    """The seed the generators hold once a training step has ended (below 2**63)."""
+    return domain_key(seed, Domain.AFTER_STEP, epoch, batch) >> 1
 
 
 def validation_sample_seed(seed: int, loader: int, index: int) -> int:

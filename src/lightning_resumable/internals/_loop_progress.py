@@ -12,7 +12,34 @@ import lightning.pytorch as pl
 
 from lightning_resumable.internals._lightning import _processed, _validation_follows
 
-__all__ = ["epoch_resumes_where_its_batches_stopped", "validation_resumes_from_its_start"]
+__all__ = ["loops_resume_where_the_data_does"]
+
+
+def loops_resume_where_the_data_does(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
+    """Every edit of the dumped loops, in order (``on_save_checkpoint``): the batch totals first, as the
+    others read them."""
+    batch_totals_count_what_was_trained(checkpoint)
+    validation_resumes_from_its_start(trainer, checkpoint)
+    epoch_resumes_where_its_batches_stopped(trainer, checkpoint)
+
+
+def batch_totals_count_what_was_trained(checkpoint: dict[str, Any]) -> None:
+    """Write the train batches' ``total`` progress as the batches of earlier epochs plus ``current``.
+
+    A restart resets only ``current`` (``_Progress.reset_on_restart``): after a resume from a save inside a
+    step, ``total`` stays one batch ready and started ahead of processed for the rest of the run, and the
+    next resume, from an epoch's last batch say, is not recognised as one (``_TrainingEpochLoop``'s restart
+    stage reads ``total``): Lightning resumed the ended epoch while the data began the next. ``completed``
+    is never ahead, so ``total.completed - current.completed`` counts the earlier epochs' batches.
+    """
+    loops = checkpoint.get("loops", {}).get("fit_loop")
+    progress = loops.get("epoch_loop.batch_progress") if isinstance(loops, dict) else None
+    if not isinstance(progress, dict) or not isinstance(progress.get("total"), dict):
+        return
+    total, current = progress["total"], progress["current"]
+    earlier = total["completed"] - current["completed"]
+    fixed = {key: current[key] + earlier for key in ("ready", "started", "processed")}
+    loops["epoch_loop.batch_progress"] = {**progress, "total": {**total, **fixed}}
 
 
 def validation_resumes_from_its_start(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ depends on the kind of train input is its `lightning_resumable.lightning.owners`
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
@@ -27,16 +28,11 @@ from lightning_resumable.format.audit import AuditLog
 from lightning_resumable.format.envelope import STATE_KEY, Body, Envelope, parse
 from lightning_resumable.internals._lightning import (
     batches_processed,
-    epoch_of_trained_batches,
     rebuild_train_loader,
-    resumes_in_next_epoch,
     saving_off_the_training_path,
     silence_not_resumable_warning,
 )
-from lightning_resumable.internals._loop_progress import (
-    epoch_resumes_where_its_batches_stopped,
-    validation_resumes_from_its_start,
-)
+from lightning_resumable.internals._loop_progress import loops_resume_where_the_data_does
 from lightning_resumable.lightning.progress import (
     BatchCount,
     SavePoint,
@@ -69,7 +65,9 @@ class ResumableDataCallback(pl.Callback):
         seed_samples: seed torch's CPU generator, ``random`` and NumPy's global ``RandomState``
             before each sample is fetched, so augmentations are exact (``sample_rng()`` works either way).
         seed_steps: reseed those generators (and CUDA's) at the start of every training step, so
-            dropout is exact. Every rank gets the same seed, as with ``seed_everything``.
+            dropout is exact, and at its end, so what runs between steps (a validation whose loader
+            shuffles or augments from them) is exact too, a resume seeding them as the step it follows
+            left them. Every rank gets the same seed, as with ``seed_everything``.
         verify: record the next batch's fingerprint at every save and compare it on resume.
         audit_dir: where each rank appends, per trained step, its epoch, batch index and sample ids
             (``audit.rank{R}.jsonl``; ``python -m lightning_resumable compare`` compares two runs).
@@ -204,20 +202,22 @@ class ResumableDataCallback(pl.Callback):
 
     def _envelope(self, trainer: pl.Trainer, batches: int, collective: bool) -> dict[str, Any]:
         assert self._owner is not None
+        at = SavePoint.of(trainer, self.shuffle_seed(trainer), batches, collective, self.verify)
         with global_generators_kept():  # a save fetches the next batch again: it must not change the run's draws
-            return envelope_at(self._owner, trainer, self.shuffle_seed(trainer), batches, collective, self.verify)
+            return self._owner.envelope(at, lambda ended: partial_accumulation(trainer, batches, ended)).to_dict()
 
-    def _capture(self, trainer: pl.Trainer) -> None:
-        """Every rank's complete data state, taken where all ranks act on a preemption together (collective)."""
+    def _capture(self, trainer: pl.Trainer, collective: bool = True) -> None:
+        """Every rank's data state, taken where all ranks act on a preemption (collective), or on one rank before
+        an exception ends the loaders' workers: a save after that (``OnExceptionCheckpoint``) cannot read them."""
         batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
-        self._captured = ((trainer.current_epoch, batches), self._envelope(trainer, batches, True))
+        if self._captured is None or self._captured[0] != (trainer.current_epoch, batches):
+            self._captured = ((trainer.current_epoch, batches), self._envelope(trainer, batches, collective))
 
     @override
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        validation_resumes_from_its_start(trainer, checkpoint)
-        epoch_resumes_where_its_batches_stopped(trainer, checkpoint)
+        loops_resume_where_the_data_does(trainer, checkpoint)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -254,9 +254,8 @@ class ResumableDataCallback(pl.Callback):
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        if trainer.state.fn != TrainerFn.FITTING:
-            return  # validate/test/predict from a checkpoint read no train stream
-        refuse_missing_state(checkpoint, self.state_key)
+        if trainer.state.fn == TrainerFn.FITTING:  # validate/test/predict from a checkpoint read no train stream
+            refuse_missing_state(checkpoint, self.state_key)
 
     # ------------------------------------------------------------------------------ training
     @override
@@ -271,6 +270,10 @@ class ResumableDataCallback(pl.Callback):
         if self._owner.rebuild_now:  # the epoch changed under an iterator already made: build the loader again
             rebuild_train_loader(trainer)
         self._batches.first = (trainer.current_epoch, first)
+        if (
+            (done := batches_processed(trainer)) and self.seed_steps and self._seed is not None
+        ):  # as that step left them
+            seed_training_step(self._seed, trainer.current_epoch, done - 1, ended=True)
         self._preemption.hold(trainer)
 
     @override
@@ -296,6 +299,8 @@ class ResumableDataCallback(pl.Callback):
             batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
             boundary = partial_accumulation(trainer, batches, batches >= trainer.num_training_batches) is None
             self._preemption.act(trainer, boundary, lambda: self._capture(trainer))
+            if self.seed_steps and self._seed is not None:
+                seed_training_step(self._seed, trainer.current_epoch, batches - 1, ended=True)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -308,6 +313,9 @@ class ResumableDataCallback(pl.Callback):
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if self._owner is not None and trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            with contextlib.suppress(Exception):  # on this rank alone; data that failed fails a save from here again
+                self._capture(trainer, collective=False)
         self._end_of_training(trainer)
 
     @override
@@ -322,22 +330,3 @@ class ResumableDataCallback(pl.Callback):
         self._preemption.release(trainer)
         if self._owner is not None:
             self._owner.retire_workers()
-
-
-def envelope_at(
-    owner: TrainOwner, trainer: pl.Trainer, seed: int, batches: int, collective: bool, verify: bool
-) -> dict[str, Any]:
-    """The envelope of ``owner``'s state after ``batches`` batches of the trainer's epoch."""
-    complete = batches >= trainer.num_training_batches
-    at = SavePoint(
-        seed=seed,
-        epoch=epoch_of_trained_batches(trainer),
-        batches=batches,
-        complete=complete,
-        next_epoch=complete and resumes_in_next_epoch(trainer),
-        rank=trainer.global_rank,
-        world_size=trainer.world_size,
-        collective=collective,
-        verify=verify,
-    )
-    return owner.envelope(at, lambda ran_to_end: partial_accumulation(trainer, batches, ran_to_end)).to_dict()

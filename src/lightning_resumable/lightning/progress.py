@@ -13,7 +13,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_resumable.errors import MissingStateError, PartialAccumulationError
 from lightning_resumable.format.envelope import PartialAccumulation, holds_no_state
-from lightning_resumable.internals._lightning import batches_fetched_before
+from lightning_resumable.internals._lightning import (
+    batches_fetched_before,
+    epoch_of_trained_batches,
+    resumes_in_next_epoch,
+)
 
 __all__ = ["BatchCount", "SavePoint", "partial_accumulation", "refuse_missing_state", "refuse_partial_accumulation"]
 
@@ -37,6 +41,22 @@ class SavePoint:
     world_size: int
     collective: bool
     verify: bool
+
+    @classmethod
+    def of(cls, trainer: pl.Trainer, seed: int, batches: int, collective: bool, verify: bool) -> SavePoint:
+        """The save after ``batches`` batches of the trainer's epoch."""
+        complete = batches >= trainer.num_training_batches
+        return cls(
+            seed=seed,
+            epoch=epoch_of_trained_batches(trainer),
+            batches=batches,
+            complete=complete,
+            next_epoch=complete and resumes_in_next_epoch(trainer),
+            rank=trainer.global_rank,
+            world_size=trainer.world_size,
+            collective=collective,
+            verify=verify,
+        )
 
 
 class BatchCount:
