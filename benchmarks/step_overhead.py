@@ -1,6 +1,7 @@
 """Lightning steps per second with the two lines against plain Lightning, in the same run.
 
-``python benchmarks/step_overhead.py [ROUNDS] [STEPS]`` fits a small conv net with dropout (1 process,
+``python benchmarks/step_overhead.py [ROUNDS] [STEPS]`` (``STEP_OVERHEAD_WORKERS=0`` for the 0-worker pair
+alone, twice the rounds in the same time) fits a small conv net with dropout (1 process,
 batch 32) on 3x40x40 images that ``__getitem__`` crops at random to 32x32 and flips (torch's global
 generator), with 0 and 2 workers, plain and with the library, each fit in a fresh process forked from
 this one (torch and Lightning imported once: a fit starts in a fraction of a second, so many short
@@ -141,7 +142,8 @@ def interval(ratios: list[float], resamples: int = 10000) -> str:
 def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 160
-    configurations = [(workers, variant) for workers in (0, 2) for variant in ("plain", "library")]
+    worker_counts = [int(each) for each in os.environ.get("STEP_OVERHEAD_WORKERS", "0,2").split(",")]
+    configurations = [(workers, variant) for workers in worker_counts for variant in ("plain", "library")]
     rates: dict[tuple[int, str], list[float]] = {each: [] for each in configurations}
     for round_index in range(rounds):
         order = configurations if round_index % 2 == 0 else configurations[::-1]
@@ -150,7 +152,7 @@ def main() -> None:
     print(f"Lightning steps/s, 1 process, batch 32, {steps} steps ({steps - 10} timed), {rounds} alternating rounds")
     print("| num_workers | plain Lightning | with the library | ratio (median) | 95% interval | lowest, highest |")
     print("|---|---|---|---|---|---|")
-    for workers in (0, 2):
+    for workers in worker_counts:
         plain, ours = rates[workers, "plain"], rates[workers, "library"]
         ratios = sorted(mine / theirs for mine, theirs in zip(ours, plain, strict=True))
         print(

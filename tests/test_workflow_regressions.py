@@ -135,15 +135,35 @@ class SaveAtBatch(L.Callback):
             trainer.should_stop = True  # the fit ends after this batch: what it trains later is not the test's
 
 
-def test_a_run_resumed_twice_through_an_epochs_end_goes_on_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", [3, 0])
+def test_a_run_resumed_twice_through_an_epochs_end_goes_on_exactly(tmp_path: Path, batch: int) -> None:
     """Found by the workflow matrix: a resume from an epoch's last batch, then a save inside the next epoch, then
     a resume from that: Lightning's progress did not mark the new epoch started, so the second resume was refused
-    ("the data state resumes epoch 1 but the trainer resumes epoch 0")."""
+    ("the data state resumes epoch 1 but the trainer resumes epoch 0"). The second soak found the same after the
+    new epoch's first batch (Lightning counts it completed only after the save): Lightning numbered the epoch's
+    batches from 0 again, one behind the data, and a third resume was refused."""
     full = seeded_fit(tmp_path / "full", Data(), max_epochs=3)
-    first, second = tmp_path / "first.ckpt", tmp_path / "second.ckpt"
+    first, second, third = tmp_path / "first.ckpt", tmp_path / "second.ckpt", tmp_path / "third.ckpt"
     a = seeded_fit(tmp_path / "a", Data(), SaveAtBatch(0, 7, first), max_epochs=3)
-    b = seeded_fit(tmp_path / "b", Data(), SaveAtBatch(1, 3, second), ckpt_path=first, max_epochs=3)
-    c = seeded_fit(tmp_path / "c", Data(), ckpt_path=second, max_epochs=3)
+    b = seeded_fit(tmp_path / "b", Data(), SaveAtBatch(1, batch, second), ckpt_path=first, max_epochs=3)
+    c = seeded_fit(tmp_path / "c", Data(), SaveAtBatch(1, 5, third), ckpt_path=second, max_epochs=3)
+    d = seeded_fit(tmp_path / "d", Data(), ckpt_path=third, max_epochs=3)
+    assert a.seen + b.seen + c.seen + d.seen == full.seen
+
+
+def test_a_fit_resumed_from_an_epochs_end_then_extended_goes_on_exactly(tmp_path: Path) -> None:
+    """Found by the second soak: a fit resumed from an epoch's last batch runs to its end, is saved once ``fit()``
+    returned, and is extended: Lightning never marked the epoch after the restart started, not even once it
+    ended, so the extended fit resumed inside the finished one and trained a single batch of the next epoch."""
+    full = seeded_fit(tmp_path / "full", Data(), max_epochs=3)
+    first, after = tmp_path / "first.ckpt", tmp_path / "after.ckpt"
+    a = seeded_fit(tmp_path / "a", Data(), SaveAtBatch(0, 7, first), max_epochs=2)
+    L.seed_everything(3, verbose=False)
+    b = Model()
+    finished = trainer(tmp_path / "b", [ResumableDataCallback()], max_epochs=2)
+    finished.fit(b, Data(), ckpt_path=first)
+    finished.save_checkpoint(after)
+    c = seeded_fit(tmp_path / "c", Data(), ckpt_path=after, max_epochs=3)
     assert a.seen + b.seen + c.seen == full.seen
 
 

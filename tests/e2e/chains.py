@@ -39,12 +39,25 @@ CASE_SEEDS = (19, 22)
 (``limit_train_batches``). (CI seed 2, drawn anew with a shuffled validation loader on one process, found that a
 resume seeded the generators of the validation it runs first otherwise than the step before had left them: they
 are now seeded at each step's end, and a resume seeds them as the step it follows ended.)"""
-CHAIN_SEEDS = (100132691, 257594569)
+CHAIN_SEEDS = (100132691, 257594569, 66741773, 757704568)
 """Chains CI runs besides `CI_SEEDS`, found by a soak: 100132691, a save from ``OnExceptionCheckpoint`` (SIGTERM on
 one process, 3 workers) fingerprinted a batch read after the callback had ended the workers (torch skips the
 batches they owed): the state is now taken before; 257594569, a resume from inside a step left Lightning's batch
 totals a batch ahead, so the next resume, from an epoch's last batch, resumed the ended epoch (the totals are now
-written as what was trained). Four more chains the same soak found failing had the second cause."""
+written as what was trained). Four more chains the same soak found failing had the second cause. The second
+soak (300 chains on the code with those fixes: 3 failed): 66741773, a save after the first batch of an epoch that
+a restart from the epoch's last batch before it began (Lightning counts that batch completed only after the save,
+so the epoch was not written as started and Lightning numbered its batches from 0 again: a third resume was
+refused); 757704568, a fit resumed from an epoch's last batch, run to its end and extended (Lightning never marked
+that epoch started, not even once it ended: the extended fit trained one batch of the next epoch). Both are now
+written as started. The third, 318055189, was Lightning's (FSDP2 cannot load a checkpoint of an optimizer that has
+not stepped): the generator no longer draws it."""
+LIBRARY_SEEDS = (2, 3, 6, 8, 609549163)
+"""Data-library cases CI's extras step runs (`matrix.draw_library_case`): Mosaic on 2 processes with 2 workers
+resumed on none, read by a torch ``DataLoader``; a ``CombinedStreamingDataset`` with a shuffled validation loader;
+LitData at an epoch's last batch with 2 workers; Mosaic saved at a validation. 609549163: found by a soak of 40
+library cases (3 failed, one cause), a ``CombinedStreamingDataset`` saved at its last batch resumed the ended epoch
+while Lightning, which knows the epoch's length, began the next: a stream read to its length now starts the next."""
 LEG_KINDS = (
     "batch_end",
     "last_batch",

@@ -83,9 +83,9 @@ def main() -> None:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the matrix's CI seeds)")
     arguments = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from tests.e2e.chains import CI_SEEDS
+    from tests.e2e.chains import CASE_SEEDS, CHAIN_SEEDS, CI_SEEDS
 
-    seeds = arguments.seeds or ",".join(str(seed) for seed in CI_SEEDS)
+    seeds = arguments.seeds or ",".join(str(seed) for seed in (*CI_SEEDS, *CASE_SEEDS, *CHAIN_SEEDS))
     unknown = set(arguments.names) - set(MUTATIONS)
     if unknown:
         parser.error(f"no mutation {sorted(unknown)}; known: {list(MUTATIONS)}")

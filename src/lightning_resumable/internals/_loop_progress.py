@@ -116,10 +116,17 @@ def epoch_resumes_where_its_batches_stopped(trainer: pl.Trainer, checkpoint: dic
         return
     epoch = trainer.fit_loop.epoch_progress.current
     trained = trainer.fit_loop.epoch_loop.batch_progress.current.completed
-    started = int(epoch.started)  # type: ignore[attr-defined]  # a _ProcessedTracker at runtime
-    progress = {part: dict(values) for part, values in loops["epoch_progress"].items()}
+    done = _processed(trainer.fit_loop.epoch_loop.batch_progress.current)  # one ahead of trained in its batch's end
+    progress = {
+        part: dict(values) if isinstance(values, dict) else values for part, values in loops["epoch_progress"].items()
+    }
+    for values in (progress["total"], progress["current"]):  # an epoch restarted from the last batch before it is
+        if values["started"] < values["processed"]:  # never marked started, not even once it ends: every one was
+            values["ready"] = values["started"] = values["processed"]
+    loops["epoch_progress"] = progress
+    started = progress["current"]["started"]
     running = trainer.state.status != TrainerStatus.FINISHED  # not a save after fit() returned
-    if running and started == _processed(epoch) == trainer.current_epoch and 0 < trained < trainer.num_training_batches:
+    if running and started == _processed(epoch) == trainer.current_epoch and 0 < done < trainer.num_training_batches:
         # Lightning's restart from an epoch's last batch ends that epoch without marking the next one started
         # (its progress stays ready = started = processed): a save inside the next one would resume the epoch
         # before it. The epoch in progress is written as started.

@@ -51,7 +51,7 @@ class StreamOwner(Owner[StreamState]):
         where = f"at epoch {saved.epoch}, after {saved.batches} batches of its stream"
         world_size_policy(saved.world_size, self.world_size, self.loader.world_size_refusal(saved), where)
         state = self.loader.state_for_rank(saved, self.rank, self.world_size)  # the reader's checks of its layout
-        if saved.finished:  # every rank had read its whole stream: the resume starts the next epoch
+        if saved.finished or read_to_its_length(self.loader, saved.batches):  # the resume starts the next epoch
             self.loader.start_epoch(saved.epoch + 1)
             self.resumes_at = (saved.epoch + 1, None)
         elif saved.epoch == epoch:
@@ -121,3 +121,14 @@ class StreamOwner(Owner[StreamState]):
 
     def retire_workers(self) -> None:
         self.loader.retire_workers()
+
+
+def read_to_its_length(loader: Any, batches: int) -> bool:
+    """Whether ``batches`` is the whole epoch by ``loader``'s length, where Lightning ends the epoch (it reads no
+    batch past ``len()``), though the stream has not said it is over: a LitData ``CombinedStreamingDataset``
+    saved at its last batch resumed the ended epoch while Lightning began the next."""
+    try:
+        length = len(loader)
+    except TypeError:  # no length: the stream's own end ends the epoch
+        return False
+    return 0 < length <= batches

@@ -1,0 +1,322 @@
+"""The workflow matrix's cases (`draw_case`, `draw_chain`: a pure function of one integer seed) and how a
+case is judged (`case_problems`, `chain_problems`): shared by `test_workflow_matrix.py` and `shrink.py`."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from .chains import CI_SEEDS, Leg, run_chain
+from .harness import (
+    WITH_PARAMETERS,
+    Outcome,
+    Records,
+    Runner,
+    Scenario,
+    augmentation_by_id,
+    data_after_epoch,
+    ids_in_epoch,
+)
+
+_SAMPLERS = ("shuffle", "shuffle", "weighted", "replacement", "num_samples", "subset", "bucketing")
+
+
+def draw_case(seed: int) -> tuple[Scenario, Scenario]:
+    """The case of ``seed``: the scenario to stop and resume, and the one whose uninterrupted run it must
+    equal (itself, or for a mixture whose weights change at the resume, the schedule changed there)."""
+    draw = random.Random(seed)
+    world_size = draw.choice((1, 2, 2))
+    data = draw.choice(("map", "map", "map", "stream", "mixture", "combined", "dict"))
+    workers = draw.choice((0, 0, 1, 2, 2, 3))
+    fields: dict[str, object] = dict(world_size=world_size, num_workers=workers, data=data, epochs=2)
+    stop_kinds = ["batch_end", "batch_end", "last_batch", "in_step", "validation"]
+    if data == "map":
+        sampler = draw.choice(_SAMPLERS)
+        fields.update(
+            sampler=sampler,
+            loader=draw.choice(("DataLoader", "DataLoader", "StatefulDataLoader"))
+            if sampler != "bucketing"
+            else "DataLoader",
+            shuffle=draw.random() < 0.8,
+            drop_last=sampler == "shuffle" and draw.random() < 0.3,
+        )
+        if world_size == 2 and sampler == "shuffle" and draw.random() < 0.25:
+            fields.update(strategy="model_parallel", loader="DataLoader")
+        if draw.random() < 0.3:
+            fields["estimated_stepping_batches"] = True
+        if fields.get("strategy") is None and sampler == "shuffle" and draw.random() < 0.3:
+            fields["accumulate"] = 2
+    elif data == "stream":
+        fields["loader"] = draw.choice(("DataLoader", "StatefulDataLoader"))
+        stop_kinds.remove("in_step")  # a stream's batch re-run inside a step: covered in test_streams_and_loaders
+    elif data == "combined":
+        fields["mode"] = draw.choice(("max_size_cycle", "max_size", "min_size"))
+    scenario = Scenario(**fields)  # type: ignore[arg-type]
+    stop_kind = draw.choice(stop_kinds)
+    if scenario.accumulate > 1:
+        stop_kind = "batch_end"
+    # Stopped in the first epoch, or in the second of three (an epoch's last batch: never the run's last).
+    scenario = replace(
+        scenario, stop_kind=stop_kind, stop_epoch=draw.choice((0, 1)), epochs=3 if draw.random() < 0.3 else 2
+    )
+    if scenario.stop_epoch == scenario.epochs - 1 and scenario.stop_batch >= scenario.batches_per_epoch - 1:
+        scenario = replace(scenario, epochs=3)  # a stop at the run's very end would resume nothing
+    if scenario.accumulate > 1:  # a save at an accumulation boundary (batch index odd)
+        scenario = replace(scenario, stop_batch_override=1 if scenario.batches_per_epoch > 2 else None)
+    if data in ("map", "mixture", "combined", "dict") and draw.random() < 0.4:
+        scenario = replace(scenario, resume_num_workers=draw.choice((0, 1, 2, 3)))
+    if draw.random() < 0.3:
+        scenario = replace(scenario, evaluate_before_resume=True)
+    if draw.random() < 0.4:
+        scenario = replace(scenario, extra_saves_every=draw.choice((1, 2, 3)))
+    reference = scenario
+    if data == "mixture" and draw.random() < 0.5:
+        shifted = (("a", draw.randint(1, 4)), ("b", draw.randint(1, 4)), ("c", draw.randint(1, 4)))
+        scenario = replace(scenario, resume_mixture_weights=((0, shifted),))
+        stop_step = scenario.stop_epoch * scenario.batches_per_epoch + scenario.stop_batch
+        if scenario.stop_kind != "in_step":
+            stop_step += 1  # the batch the checkpoint was written after is trained
+        reference = replace(
+            scenario, resume_mixture_weights=None, mixture_weights=(*scenario.mixture_weights, (stop_step, shifted))
+        )
+    # Drawn last, so that the draws above stay each seed's (a fixed seed keeps its case).
+    if data == "mixture" and draw.random() < 0.4:  # the same sources listed in another order: taken by name
+        scenario = replace(scenario, resume_mixture_sources=tuple(reversed(scenario.mixture_sources)))
+    if draw.random() < 0.15:  # the step's randomness not reseeded: saves must still change nothing before the stop
+        options = (("seed_steps", False),)
+        scenario = replace(scenario, callback_options=options, extra_saves_every=scenario.extra_saves_every or 1)
+        reference = replace(reference, callback_options=options)
+    # Added with the soak of issue 35 (after the draws above, which stay each seed's).
+    both: dict[str, object] = {"val_loader": draw.choice(("plain", "plain", "shuffled", "batch_sampler"))}
+    if scenario.accumulate == 1 and scenario.strategy == "ddp" and draw.random() < 0.2:
+        both["manual_optimization"] = True
+    if data in ("map", "mixture", "combined", "dict") and scenario.batches_per_epoch > 5 and draw.random() < 0.2:
+        both["limit_train_batches"] = draw.choice((4, 5))  # a validation (every 2 batches) ends the 4-batch epoch
+    scenario, reference = replace(scenario, **both), replace(reference, **both)  # type: ignore[arg-type]
+    if scenario.stop_epoch == scenario.epochs - 1 and scenario.stop_batch >= scenario.batches_per_epoch - 1:
+        scenario, reference = replace(scenario, epochs=3), replace(reference, epochs=3)
+    elastic = data == "map" and scenario.sampler == "shuffle" and not scenario.drop_last
+    elastic = elastic and scenario.strategy == "ddp" and scenario.accumulate == 1 and not scenario.callback_options
+    if elastic and scenario.limit_train_batches is None and draw.random() < 0.6:
+        scenario = replace(scenario, resume_world_size=3 - scenario.world_size)  # 2 -> 1 or 1 -> 2 (docs: elastic)
+    return scenario, reference
+
+
+def draw_chain(seed: int) -> tuple[Scenario, list[Leg]]:
+    """A run interrupted one to four times (`chains.Leg`), the case's setup drawn as `draw_case` draws it.
+
+    Each leg ends at a point after the one before; ``early`` (a checkpoint of ``validate()``) only comes
+    first; a stream keeps its ``num_workers`` (another is refused, as documented) and is not interrupted
+    by ``KeyboardInterrupt`` on two processes (its checkpoint from an exception path is refused there);
+    with gradient accumulation every save is at an accumulation boundary.
+    """
+    base, _ = draw_case(seed)
+    draw = random.Random(seed * 7919 + 1)
+    scenario = replace(
+        base,
+        stop_kind="batch_end",
+        stop_epoch=1,
+        stop_batch_override=None,
+        resume_num_workers=None,
+        resume_mixture_weights=None,
+        resume_mixture_sources=None,
+        resume_world_size=None,
+        callback_options=(),
+        epochs=draw.choice((2, 3)),
+        extra_saves_every=draw.choice((0, 2, 3)),
+    )
+    per_epoch = scenario.batches_per_epoch if scenario.sampler != "bucketing" else 4  # its shortest epoch has more
+    kinds = ["batch_end", "last_batch", "in_step", "validation", "sigterm", "interrupt", "extend"]
+    if scenario.data == "stream":
+        kinds.remove("in_step")
+        kinds.remove("extend")  # OPEN (soak of issue 35): a stream's finished fit extended after a resume
+        if scenario.world_size > 1:
+            kinds.remove("interrupt")
+    if scenario.extra_saves_every and scenario.accumulate == 1:
+        kinds.append("kill")
+    if scenario.sampler == "bucketing":  # epochs of different lengths: no leg at an epoch's end
+        kinds = [kind for kind in kinds if kind not in ("last_batch", "extend")]
+    steps = [(epoch, batch) for epoch in range(scenario.epochs) for batch in range(per_epoch)]
+    legs: list[Leg] = []
+    # Not under FSDP2: Lightning 2.6's ModelParallelStrategy cannot load a full checkpoint of an optimizer that has
+    # not stepped (IndexError in _rekey_optimizer_state_if_needed; found by the second soak, seed 318055189).
+    if draw.random() < 0.15 and scenario.strategy == "ddp":
+        legs.append(Leg("early"))
+    cursor = 0  # the index in ``steps`` from which the next leg may end
+    for _ in range(draw.randint(1, 4)):
+        kind = draw.choice(kinds)
+        places = [index for index in range(cursor, len(steps) - 1) if _fits(kind, *steps[index], scenario)]
+        if kind == "kill":  # a periodic save must come first in the same leg
+            places = [
+                index for index in places if index - cursor + 1 >= scenario.extra_saves_every * scenario.accumulate
+            ]
+        if not places:
+            continue
+        index = draw.choice(places[:8])
+        epoch, batch = steps[index]
+        workers = scenario.num_workers if scenario.data == "stream" else draw.choice((0, 1, 2, 3))
+        legs.append(Leg(kind, epoch, batch if kind != "extend" else -1, workers))
+        cursor = (epoch + 1) * per_epoch if kind in ("extend", "last_batch") else index + 1
+    legs.append(Leg("end", num_workers=scenario.num_workers if scenario.data == "stream" else draw.choice((0, 1, 2))))
+    return scenario, legs
+
+
+def _fits(kind: str, epoch: int, batch: int, scenario: Scenario) -> bool:
+    """Whether a leg of ``kind`` can end at ``batch`` of ``epoch`` (its save at an accumulation boundary)."""
+    last = batch == scenario.batches_per_epoch - 1
+    if kind in ("last_batch", "extend"):
+        return last and epoch < scenario.epochs - 1
+    if last:
+        return False  # the epoch's end has kinds of its own
+    window = scenario.accumulate
+    if kind == "validation":
+        return (batch + 1) % 2 == 0  # val_check_interval=2
+    if kind in ("in_step", "interrupt"):  # saved inside the step: the batches before it are done
+        return batch > 0 and batch % window == 0
+    return (batch + 1) % window == 0
+
+
+def elastic_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
+    """What docs/guarantees.md promises of a resume on another world size ("Elastic resume"): the interrupted
+    epoch trains each remaining sample once (plus DistributedSampler's padding on the new size), each with its
+    uninterrupted augmentation; the later epochs read what a fresh run on the new size reads. Before the stop,
+    the run is the uninterrupted one."""
+    scenario, stopped, resumed = outcome.scenario, outcome.stopped, outcome.resumed
+    new_size, epoch = scenario.resume_world_size, scenario.stop_epoch
+    assert new_size is not None
+    problems = stopped_mismatches(outcome.full, stopped)
+    before, after = ids_in_epoch(stopped, epoch), ids_in_epoch(resumed, epoch)
+    remaining = scenario.dataset_size - len(before)
+    padding = math.ceil(remaining / new_size) * new_size - remaining
+    if set(before + after) != set(range(scenario.dataset_size)) or len(after) != remaining + padding:
+        problems.append(f"epoch {epoch}: trained {sorted(before + after)}, not each sample once (+{padding} padding)")
+    expected = augmentation_by_id(outcome.full, epoch=epoch)
+    for sample, values in augmentation_by_id(stopped, resumed, epoch=epoch).items():
+        if any(value != expected[sample][0] for value in values):
+            problems.append(f"epoch {epoch}: sample {sample} augmented {values}, not {expected[sample][0]}")
+            break
+    fresh = runner.full(replace(scenario, world_size=new_size, resume_world_size=None, resume_num_workers=None))
+    if data_after_epoch(resumed, epoch) != data_after_epoch(fresh, epoch):
+        problems.append(f"the epochs after {epoch} do not read what a fresh run on {new_size} process(es) reads")
+    return problems
+
+
+def stopped_mismatches(full: Records, stopped: Records) -> list[str]:
+    """Per rank, where the stopped run's steps differ from the uninterrupted run's first steps, in every field."""
+    problems = []
+    for rank, steps in stopped.items():
+        for index, (want, got) in enumerate(zip(full[rank], steps, strict=False)):
+            differing = [name for name in WITH_PARAMETERS if want.get(name) != got.get(name)]
+            if differing:
+                problems.append(f"rank {rank} step {index} before the stop differs in {differing}: {want} != {got}")
+                break
+    return problems
+
+
+def seeds(found: tuple[int, ...] = (), fixed: tuple[int, ...] = CI_SEEDS) -> list[int]:
+    """The seeds to run: ``E2E_MATRIX_SEEDS``, or ``E2E_MATRIX_SOAK`` fresh ones, or CI's (``fixed`` and ``found``)."""
+    if os.environ.get("E2E_MATRIX_SEEDS"):
+        return [int(each) for each in os.environ["E2E_MATRIX_SEEDS"].split(",")]
+    soak = int(os.environ.get("E2E_MATRIX_SOAK", "0"))
+    if soak:
+        fresh = random.SystemRandom()
+        return [fresh.randrange(10**6, 10**9) for _ in range(soak)]
+    return [*fixed, *found]
+
+
+LIBRARY_DATA = ("litdata", "litdata", "litdata-combined", "mosaic", "mosaic")
+"""The data libraries' streams a library case reads (`draw_library_case`), where the library is installed."""
+
+
+def draw_library_case(seed: int) -> Scenario:
+    """A case over a data library's stream (LitData, a ``CombinedStreamingDataset``, MosaicML Streaming), drawn
+    within what docs/litdata.md and docs/mosaic.md promise exact: the world size and, for Mosaic, ``num_workers``
+    kept at the resume; a ``CombinedStreamingDataset`` without workers; no stop inside a step (a stream's batch
+    is not fetched again)."""
+    draw = random.Random(seed * 104729 + 7)
+    data = draw.choice(LIBRARY_DATA)
+    workers = 0 if data == "litdata-combined" else draw.choice((0, 1, 2))
+    loaders = (
+        ("StreamingDataLoader", "StreamingDataLoader", "DataLoader")
+        if data != "litdata-combined"
+        else ("StreamingDataLoader",)
+    )
+    scenario = Scenario(
+        world_size=draw.choice((1, 2, 2)),
+        num_workers=workers,
+        loader=draw.choice(loaders),
+        data=data,
+        stop_kind=draw.choice(("batch_end", "batch_end", "last_batch", "validation")),
+        stop_epoch=draw.choice((0, 1)),
+        epochs=draw.choice((2, 3)),
+        extra_saves_every=draw.choice((0, 0, 1, 2)),
+        evaluate_before_resume=draw.random() < 0.3,
+        val_loader=draw.choice(("plain", "plain", "shuffled", "batch_sampler")),
+        manual_optimization=draw.random() < 0.2,
+    )
+    if scenario.stop_epoch == scenario.epochs - 1 and scenario.stop_kind == "last_batch":
+        scenario = replace(scenario, epochs=3)  # a stop at the run's very end would resume nothing
+    if data == "mosaic" and workers and draw.random() < 0.3:
+        scenario = replace(scenario, resume_num_workers=0)  # Mosaic's order does not depend on the workers
+    return scenario
+
+
+def library_data_written(runner: Runner, data: str) -> None:
+    """The chunks (LitData) or shards (Mosaic) ``data`` reads, written once into ``runner``'s root."""
+    from . import train
+
+    root = runner.root
+    if data.startswith("litdata"):
+        for directory, size, first in ((train.LITDATA_DIR, 48, 0), (train.LITDATA_SECOND_DIR, 24, 1000)):
+            if not (root / directory / "index.json").exists():
+                train.write_litdata(root / directory, size, first=first)
+    else:
+        train.clean_mosaic_memory()  # left by runs that ended without Mosaic's cleanup
+        if not (root / train.MOSAIC_DIR / "index.json").exists():
+            train.write_mosaic(root / train.MOSAIC_DIR, 48)
+
+
+def case_problems(runner: Runner, scenario: Scenario, reference: Scenario) -> list[str]:
+    """Where the stopped and resumed ``scenario`` differs from the uninterrupted ``reference`` (empty: exact).
+
+    Raises:
+        AssertionError: a run failed or refused.
+    """
+    outcome = Outcome(scenario, runner.full(reference), runner.stopped(scenario), runner.resumed(scenario))
+    if scenario.resume_world_size is not None:
+        return elastic_mismatches(runner, outcome)
+    if ("seed_steps", False) in scenario.callback_options:
+        # A resume cannot restore the global generators (documented): exact ids throughout, and before the
+        # stop, with saves every few steps, everything: a save must not move them.
+        return outcome.stream_mismatches(("epoch", "batch", "ids")) + stopped_mismatches(outcome.full, outcome.stopped)
+    problems = outcome.stream_mismatches(WITH_PARAMETERS)
+    if scenario.resume_mixture_weights is None and not scenario.callback_options:
+        problems += outcome.validation_mismatches(runner)
+    return problems
+
+
+def chain_problems(runner: Runner, scenario: Scenario, legs: Sequence[Leg], run_dir: Path) -> list[str]:
+    """Where the chain of ``legs`` differs from the uninterrupted ``scenario`` (empty: exact).
+
+    Raises:
+        AssertionError: a leg failed or refused.
+    """
+    full, full_validations = runner.full(scenario), runner.full_validations(scenario)
+    steps, validations = run_chain(run_dir, scenario, legs)
+    outcome = Outcome(scenario, full, {rank: [] for rank in steps}, steps)
+    # Not Lightning's batch_idx: after a chain of resumes through an epoch's end Lightning 2.6 may number an
+    # epoch's batches from where the one before ended (the callback warns, and counts them from the data).
+    fields = [name for name in WITH_PARAMETERS if name != "batch"]
+    problems = [problem for problem in outcome.stream_mismatches(fields) if "did not stop and resume" not in problem]
+    for rank, expected in full_validations.items():
+        if validations[rank] != expected:
+            problems.append(f"rank {rank}: validations {validations[rank][:4]}..., expected {expected[:4]}...")
+    return problems
+
+
+def described(legs: Sequence[Leg]) -> str:
+    return " -> ".join(f"{leg.kind}@{leg.epoch}.{leg.batch}/w{leg.num_workers}" for leg in legs)
