@@ -37,7 +37,7 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
         "        if self._captured is not None",
     ),
     "validation_skipped": (
-        "internals/_lightning.py",
+        "internals/_loop_progress.py",
         "        return\n    epoch_loop = trainer.fit_loop.epoch_loop",
         "        return\n    return\n    epoch_loop = trainer.fit_loop.epoch_loop",
     ),

@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 
 from lightning_resumable.internals._lightning import _processed, _validation_follows
 
-__all__ = ["loops_resume_where_the_data_does"]
+__all__ = ["ended_epoch_resumes_on_another_world_size", "loops_resume_where_the_data_does"]
 
 
 def loops_resume_where_the_data_does(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
@@ -146,3 +146,34 @@ def epoch_resumes_where_its_batches_stopped(trainer: pl.Trainer, checkpoint: dic
         current = dict.fromkeys(batch_progress["current"], 0)
         loops["epoch_loop.batch_progress"] = {**batch_progress, "current": current, "is_last_batch": False}
     loops["epoch_progress"] = progress
+
+
+def ended_epoch_resumes_on_another_world_size(checkpoint: dict[str, Any]) -> None:
+    """Make a checkpoint written at an epoch's last batch (``on_train_batch_end``, no validation due) resume at the
+    next epoch's first batch on another world size (``on_load_checkpoint``, before Lightning restores its loops).
+
+    Lightning's restart there ends the epoch only if its count of the epoch's batches reaches the new loader's
+    length, which counts another world size's batches: on fewer processes it went on in the next epoch from the
+    old count (2 -> 1: epoch 1's batches numbered from 5, and that epoch ended 5 batches early). Written as that
+    epoch completed and the next not begun (Lightning's ``RESTARTED_ON_LAST``), which needs no length.
+    """
+    loops = checkpoint.get("loops", {}).get("fit_loop")
+    if not isinstance(loops, dict):
+        return
+    batch, epoch = loops.get("epoch_loop.batch_progress"), loops.get("epoch_progress")
+    if not isinstance(batch, dict) or not isinstance(epoch, dict) or not batch.get("is_last_batch"):
+        return
+    current = batch["current"]
+    if current["processed"] != current["completed"] + 1:  # not saved in the last batch's end, or a validation due
+        return
+    batch = {part: dict(values) if isinstance(values, dict) else values for part, values in batch.items()}
+    batch["total"]["completed"] = batch["total"]["processed"]
+    batch["current"], batch["is_last_batch"] = dict.fromkeys(current, 0), False
+    loops["epoch_loop.batch_progress"] = batch
+    epochs = {part: dict(values) for part, values in epoch.items()}
+    for values in (epochs["total"], epochs["current"]):
+        values["processed"] = values["completed"] = values["started"]
+    loops["epoch_progress"] = epochs
+    state = loops.get("epoch_loop.state_dict")
+    if isinstance(state, dict) and "_batches_that_stepped" in state:  # Lightning's restart counts the last step
+        loops["epoch_loop.state_dict"] = {**state, "_batches_that_stepped": state["_batches_that_stepped"] + 1}

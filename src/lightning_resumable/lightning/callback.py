@@ -32,13 +32,17 @@ from lightning_resumable.internals._lightning import (
     saving_off_the_training_path,
     silence_not_resumable_warning,
 )
-from lightning_resumable.internals._loop_progress import loops_resume_where_the_data_does
+from lightning_resumable.internals._loop_progress import (
+    ended_epoch_resumes_on_another_world_size,
+    loops_resume_where_the_data_does,
+)
 from lightning_resumable.lightning.progress import (
     BatchCount,
     SavePoint,
     partial_accumulation,
     refuse_missing_state,
     refuse_partial_accumulation,
+    saved_world_size,
 )
 from lightning_resumable.lightning.signals import HeldPreemption
 from lightning_resumable.lightning.train_input import TrainOwner
@@ -256,6 +260,8 @@ class ResumableDataCallback(pl.Callback):
     ) -> None:
         if trainer.state.fn == TrainerFn.FITTING:  # validate/test/predict from a checkpoint read no train stream
             refuse_missing_state(checkpoint, self.state_key)
+            if saved_world_size(checkpoint.get("callbacks", {}).get(self.state_key)) not in (None, trainer.world_size):
+                ended_epoch_resumes_on_another_world_size(checkpoint)
 
     # ------------------------------------------------------------------------------ training
     @override
