@@ -76,6 +76,21 @@ def test_a_finished_fit_extended_trains_on_as_the_longer_run(tmp_path: Path, how
     assert first.seen + resumed.seen == full.seen
 
 
+def test_a_finished_fit_of_limited_epochs_extended_trains_on_as_the_longer_run(tmp_path: Path) -> None:
+    """Found by the last soak: ``limit_train_batches=4`` of 8, a 2-epoch fit saved once ``fit()`` returned and
+    extended to 3 epochs was refused ("the data state resumes epoch 1 but the trainer resumes epoch 2"): the
+    limit, not the sampler, had ended the saved epoch."""
+    options: dict[str, Any] = dict(limit_train_batches=4, num_sanity_val_steps=0)
+    full = seeded_fit(tmp_path / "full", Data(), max_epochs=3, **options)
+    L.seed_everything(3, verbose=False)
+    first = Model()
+    finished = trainer(tmp_path / "first", [ResumableDataCallback()], max_epochs=2, **options)
+    finished.fit(first, Data())
+    finished.save_checkpoint(tmp_path / "after.ckpt")
+    resumed = seeded_fit(tmp_path / "resumed", Data(), ckpt_path=tmp_path / "after.ckpt", max_epochs=3, **options)
+    assert first.seen + resumed.seen == full.seen
+
+
 @pytest.mark.parametrize("before", ["validate", "no_train_batch"])
 def test_a_checkpoint_written_before_the_first_train_batch_fits_from_the_start(tmp_path: Path, before: str) -> None:
     """A2: after ``validate()``, or a fit of ``limit_train_batches=0``, a checkpoint holds no data state; a fit

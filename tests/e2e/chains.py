@@ -42,7 +42,7 @@ are now seeded at each step's end, and a resume seeds them as the step it follow
 third soak, shrunk (`shrink.py`) to a resume on 1 process from a checkpoint at the last batch of an epoch on 2:
 Lightning went on in the next epoch from the old epoch's batch count (its restart compares that count with the
 new loader's length) and ended it 5 batches early. Such a checkpoint now resumes at the next epoch's start."""
-CHAIN_SEEDS = (100132691, 257594569, 66741773, 757704568)
+CHAIN_SEEDS = (100132691, 257594569, 66741773, 757704568, 854942050)
 """Chains CI runs besides `CI_SEEDS`, found by a soak: 100132691, a save from ``OnExceptionCheckpoint`` (SIGTERM on
 one process, 3 workers) fingerprinted a batch read after the callback had ended the workers (torch skips the
 batches they owed): the state is now taken before; 257594569, a resume from inside a step left Lightning's batch
@@ -54,7 +54,9 @@ so the epoch was not written as started and Lightning numbered its batches from 
 refused); 757704568, a fit resumed from an epoch's last batch, run to its end and extended (Lightning never marked
 that epoch started, not even once it ended: the extended fit trained one batch of the next epoch). Both are now
 written as started. The third, 318055189, was Lightning's (FSDP2 cannot load a checkpoint of an optimizer that has
-not stepped): the generator no longer draws it."""
+not stepped): the generator no longer draws it. 854942050 (the last soak): a fit of epochs cut by
+``limit_train_batches``, saved once it returned and extended, was refused (the limit, not the sampler, had ended
+the saved epoch); it now starts the next epoch."""
 LIBRARY_SEEDS = (2, 3, 6, 8, 609549163)
 """Data-library cases CI's extras step runs (`matrix.draw_library_case`): Mosaic on 2 processes with 2 workers
 resumed on none, read by a torch ``DataLoader``; a ``CombinedStreamingDataset`` with a shuffled validation loader;

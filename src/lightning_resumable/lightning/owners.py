@@ -153,10 +153,11 @@ class LoaderOwner(Owner[LoaderState]):
         return self.owned.save(at.batches, None, at)
 
     def start(self, trainer: pl.Trainer, batches: int) -> int:
-        self.rebuild_now = self.owned.check_start(trainer, (0, batches))
-        epoch, _, restored_batches = self.sampler.origin
-        if epoch == trainer.current_epoch and 0 < trainer.num_training_batches <= restored_batches:
-            self.sampler.end_restored_epoch()  # limit_train_batches reached: Lightning ends the epoch, reads no more
+        # limit_train_batches reached: Lightning ends the epoch and reads no more (a fit extended from it: the next)
+        limited = 0 < trainer.num_training_batches <= self.sampler.origin[2]
+        self.rebuild_now = self.owned.check_start(trainer, (0, batches), saved_epoch_over=True if limited else None)
+        if self.sampler.epoch == trainer.current_epoch and limited:
+            self.sampler.end_restored_epoch()
         return self.owned.first_batch()
 
     def check_first_batch(self) -> None:
