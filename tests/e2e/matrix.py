@@ -65,6 +65,8 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
     )
     if scenario.stop_epoch == scenario.epochs - 1 and scenario.stop_batch >= scenario.batches_per_epoch - 1:
         scenario = replace(scenario, epochs=3)  # a stop at the run's very end would resume nothing
+    if (scenario.stop_kind, scenario.stop_epoch, scenario.stop_batch) == ("in_step", 0, 0):
+        scenario = replace(scenario, stop_epoch=1)  # a stop inside the first step trains nothing before it (soak)
     if scenario.accumulate > 1:  # a save at an accumulation boundary (batch index odd)
         scenario = replace(scenario, stop_batch_override=1 if scenario.batches_per_epoch > 2 else None)
     if data in ("map", "mixture", "combined", "dict") and draw.random() < 0.4:
