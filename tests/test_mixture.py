@@ -377,3 +377,20 @@ def test_a_loader_built_again_each_epoch_continues_the_stream_a_resume_changed(t
     seen = [value for step in stopped.seen[:5] + resumed_model.seen for value in step]
     replay = replayed_mixture({"web": 13, "code": 7}, callback.shuffle_seed(None), [(0, first), (10, later)], 48)  # type: ignore[arg-type]
     assert seen == [float(index + (100 if name == "code" else 0)) for name, index in replay]
+
+
+def test_a_mixture_restored_at_an_epochs_start_reads_the_epoch_again_in_a_second_pass() -> None:
+    """Lightning's reload of a train loader iterates it before ``set_epoch`` and again when the epoch runs;
+    workers' prefetch can read a short epoch to its end in between. The pass that follows the restored
+    one reads the epoch (found by tests/e2e: an elastic 1 -> 2 resume with workers trained no batch of
+    the next epoch)."""
+    mixture = Mixture({"a": list(range(10)), "b": list(range(5))}, {"a": 2, "b": 1})
+    sampler = MixtureSampler(mixture, num_replicas=2, rank=1, seed=4, batch_size=2)
+    sampler.set_epoch(2)
+    carried = sampler.state_at_start(2, 0)
+    rebuilt = MixtureSampler(mixture, num_replicas=2, rank=1, seed=4, batch_size=2)
+    rebuilt.start_at(2, sampler.epoch_start(2), sampler.stream)
+    rebuilt.restore(carried)
+    discarded = list(rebuilt)  # Lightning's first iter(), read to its end by the workers' prefetch
+    rebuilt.set_epoch(2)
+    assert list(rebuilt) == discarded == list(sampler) and len(discarded) == 8

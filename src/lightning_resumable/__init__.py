@@ -9,6 +9,7 @@ from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
 from lightning_resumable.core.batches import ResumableBatchSampler
+from lightning_resumable.core.chunks import Chunked
 from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.core.order import EpochOrder
 from lightning_resumable.core.randomness import SampleRng, SampleSeededDataset, sample_rng
@@ -59,6 +60,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Chunked",
     "ContractViolationError",
     "DataState",
     "DuplicateCallbackError",

@@ -66,6 +66,16 @@ class MixtureData(MapStyle):
 
 
 @dataclass(frozen=True)
+class CombinedAsMixture(MapStyle):
+    """LitData's ``CombinedStreamingDataset(iterate_over_all=False)`` of ``scenario.mixture_sources``, read as
+    a ``Mixture`` of their sizes added up an epoch, rounded up to whole global batches."""
+
+    def batches_per_epoch(self, scenario: Any) -> int:
+        samples = sum(size for _, size in scenario.mixture_sources)
+        return math.ceil(samples / (scenario.batch_size * scenario.world_size))
+
+
+@dataclass(frozen=True)
 class Several(MapStyle):
     """Two map-style loaders (`COMBINED_SIZES`) in a ``CombinedLoader`` of ``scenario.mode``, or a dict."""
 
@@ -89,5 +99,7 @@ SETUPS = {
         Several("combined"),
         Several("dict"),
         MixtureData("mixture"),
+        MixtureData("sharded-mixture"),  # LitData chunks, token blocks and Mosaic shards as sources
+        CombinedAsMixture("litdata-weighted"),
     )
 }

@@ -510,3 +510,12 @@ def augmentation_by_id(*runs: Records, epoch: int) -> dict[int, list[list[float]
                 for sample, values in zip(record["ids"], record["aug"], strict=True):
                     found.setdefault(sample, []).append(values)
     return found
+
+
+def stream_order(records: Records) -> list[tuple[int, list[float]]]:
+    """Every rank's samples in stream order, with their augmentations: each global batch is rank 0's
+    batch, then rank 1's, ..."""
+    ordered = []
+    for steps in zip(*(records[rank] for rank in sorted(records)), strict=True):
+        ordered += [(sample, values) for step in steps for sample, values in zip(step["ids"], step["aug"], strict=True)]
+    return ordered

@@ -18,7 +18,7 @@ import pytest
 
 from . import processes
 from .data_setups import MIXTURE_SOURCES
-from .harness import RUN_TIMEOUT_S, Outcome, Records, Runner, Scenario
+from .harness import RUN_TIMEOUT_S, Outcome, Runner, Scenario, stream_order
 
 FIRST = (("a", 5), ("b", 3), ("c", 2))
 SHIFTED = (("a", 1), ("b", 1), ("c", 6))
@@ -88,15 +88,6 @@ def test_a_source_added_and_one_removed_equal_a_run_whose_weights_change_there(r
     assert {sample // 1000 for sample in after} == {0, 1, 3}, "the new source is drawn, the removed one is not"
 
 
-def stream_order(records: Records) -> list[tuple[int, list[float]]]:
-    """Every rank's samples in stream order, with their augmentations: each global batch is rank 0's
-    batch, then rank 1's, ..."""
-    ordered = []
-    for steps in zip(*(records[rank] for rank in sorted(records)), strict=True):
-        ordered += [(sample, values) for step in steps for sample, values in zip(step["ids"], step["aug"], strict=True)]
-    return ordered
-
-
 def test_a_resume_on_one_process_with_other_weights_continues_the_stream_of_two(runner: Runner) -> None:
     changed = replace(BASE, resume_world_size=1, resume_mixture_weights=((0, SHIFTED),))
     reference = runner.full(replace(BASE, mixture_weights=((0, FIRST), (STEPS_AT_STOP, SHIFTED))))
@@ -120,3 +111,18 @@ def test_the_mixture_example_resumes_with_new_weights_as_the_changed_schedule(tm
         assert (
             f"rank {rank}: 30 steps; the stopped and resumed run has the same ids in 30, augmentations in 30" in output
         )
+
+
+def test_a_resume_on_two_processes_with_workers_continues_the_stream_of_one(runner: Runner) -> None:
+    """1 -> 2 with workers, epochs of 2 batches a rank on two: the loader, rebuilt at the resumed epoch's
+    end, is read to the end of the next epoch by the workers' prefetch before Lightning iterates it again
+    (that epoch trained no batch before the fix). The per-rank batch is kept, so the global batch doubles
+    and the epochs end elsewhere: compared over the stream positions both runs trained."""
+    one = replace(BASE, world_size=1, batch_size=8, dataset_size=30)
+    elastic = replace(one, resume_world_size=2)
+    stopped, resumed = stream_order(runner.stopped(elastic)), stream_order(runner.resumed(elastic))
+    expected = stream_order(runner.full(one))
+    assert len(resumed) == 16 + 2 * 16, "the rest of the resumed epoch (one global batch), then a whole epoch"
+    interrupted = stopped + resumed
+    compared = min(len(interrupted), len(expected))
+    assert interrupted[:compared] == expected[:compared]

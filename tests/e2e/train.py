@@ -226,12 +226,13 @@ def litdata_row(sample_id: int) -> dict[str, int]:
     return {"id": sample_id}
 
 
-def write_litdata(directory: Path, size: int, first: int = 0) -> None:
-    """Write ids ``first..first+size-1`` as LitData chunks of 6 samples (8 chunks for 48), with ``litdata.optimize``."""
+def write_litdata(directory: Path, size: int, first: int = 0, chunk_size: int = 6) -> None:
+    """Write ids ``first..first+size-1`` as LitData chunks of ``chunk_size`` samples (8 chunks of 6 for 48),
+    with ``litdata.optimize``."""
     import litdata
 
     inputs = list(range(first, first + size))
-    litdata.optimize(fn=litdata_row, inputs=inputs, output_dir=str(directory), chunk_size=6, num_workers=1)
+    litdata.optimize(fn=litdata_row, inputs=inputs, output_dir=str(directory), chunk_size=chunk_size, num_workers=1)
     written = json.loads((directory / "index.json").read_text())["chunks"]  # a failed worker leaves it empty
     if sum(chunk["chunk_size"] for chunk in written) != size:
         raise RuntimeError(f"litdata.optimize wrote {written!r:.300} to {directory}, not {size} samples")
@@ -247,6 +248,67 @@ def litdata_stream(directory: Path) -> Any:
             return augmented(int(super().__getitem__(index)["id"]))
 
     return Augmented(str(directory), shuffle=True, seed=7, drop_last=True)  # LitData's default on several processes
+
+
+SHARDED_DIR = "sharded"
+"""The sources of a ``sharded-mixture`` scenario, one directory each by name, beside a runner's run directories:
+``a`` and ``d`` LitData chunks, ``b`` LitData token blocks (``TokensLoader``), ``c`` MosaicML Streaming shards."""
+SHARDED_SOURCES = {"a": (19, "litdata"), "b": (11, "tokens"), "c": (7, "mosaic"), "d": (13, "litdata")}
+"""Each sharded source's size and kind; ids start at `MIXTURE_OFFSETS` (chunks of 3 samples or blocks, shards of 2)."""
+TOKEN_BLOCK = 4
+
+
+def token_block(sample_id: int) -> torch.Tensor:
+    """One input of a token source: a block of `TOKEN_BLOCK` tokens, each the sample's id."""
+    return torch.full((TOKEN_BLOCK,), sample_id, dtype=torch.int32)
+
+
+def write_sharded_sources(root: Path) -> None:
+    """Write every `SHARDED_SOURCES` source under ``root / SHARDED_DIR`` (once)."""
+    import litdata
+
+    for name, (size, kind) in SHARDED_SOURCES.items():
+        directory, first = root / SHARDED_DIR / name, MIXTURE_OFFSETS[name]
+        if (directory / "index.json").exists():
+            continue
+        if kind == "mosaic":
+            write_mosaic(directory, size, first=first, per_shard=2)
+        elif kind == "tokens":
+            inputs = list(range(first, first + size))
+            item_loader = litdata.TokensLoader()
+            litdata.optimize(
+                fn=token_block,
+                inputs=inputs,
+                output_dir=str(directory),
+                chunk_size=3 * TOKEN_BLOCK,
+                num_workers=1,
+                item_loader=item_loader,
+            )
+        else:
+            write_litdata(directory, size, first=first, chunk_size=3)
+
+
+def sharded_source(root: Path, name: str) -> Any:
+    """The sharded source ``name``: a LitData or Mosaic ``StreamingDataset`` (a user's subclass), each
+    sample augmented in ``__getitem__``."""
+    kind = SHARDED_SOURCES[name][1]
+    directory = str(root / SHARDED_DIR / name)
+    if kind == "mosaic":
+
+        class AugmentedShards(import_streaming().StreamingDataset):  # type: ignore[misc]  # streaming is untyped
+            def __getitem__(self, index: Any) -> Any:
+                return augmented(int(super().__getitem__(index)["id"]))
+
+        return AugmentedShards(local=directory, shuffle=False, batch_size=1)
+    from litdata import StreamingDataset, TokensLoader
+
+    class AugmentedChunks(StreamingDataset):  # type: ignore[misc]  # litdata is untyped
+        def __getitem__(self, index: Any) -> Any:
+            item = super().__getitem__(index)
+            return augmented(int(item[0]) if kind == "tokens" else int(item["id"]))
+
+    loader = {"item_loader": TokensLoader(block_size=TOKEN_BLOCK)} if kind == "tokens" else {}
+    return AugmentedChunks(directory, shuffle=True, seed=7, **loader)
 
 
 def import_streaming() -> Any:
@@ -305,10 +367,11 @@ MOSAIC_DIR = "mosaic-shards"
 """Where a runner's MosaicML Streaming scenarios read their shards: beside its run directories (`write_mosaic`)."""
 
 
-def write_mosaic(directory: Path, size: int) -> None:
-    """Write ids ``0..size-1`` as MosaicML Streaming MDS shards of 6 samples (8 shards for 48), with ``MDSWriter``."""
-    with import_streaming().MDSWriter(out=str(directory), columns={"id": "int"}, size_limit=6 * 20) as writer:
-        for sample_id in range(size):
+def write_mosaic(directory: Path, size: int, first: int = 0, per_shard: int = 6) -> None:
+    """Write ids ``first..first+size-1`` as MosaicML Streaming MDS shards of ``per_shard`` samples (8 shards
+    of 6 for 48), with ``MDSWriter``."""
+    with import_streaming().MDSWriter(out=str(directory), columns={"id": "int"}, size_limit=per_shard * 20) as writer:
+        for sample_id in range(first, first + size):
             writer.write({"id": sample_id})
     written = json.loads((directory / "index.json").read_text())["shards"]
     if sum(shard["samples"] for shard in written) != size:
@@ -637,6 +700,39 @@ class PlainData(L.LightningDataModule):
         self.train_set = Mixture(datasets, schedule, samples_per_epoch=self.config["dataset_size"])
         return DataLoader(self.train_set, batch_size=self.config["batch_size"], num_workers=self.config["num_workers"])
 
+    def mixture_sources_and_weights(self) -> tuple[tuple[tuple[str, int], ...], WeightSchedule]:
+        sources, weights = self.config["mixture_sources"], self.config["mixture_weights"]
+        if self.config["phase"].startswith("resume"):
+            sources = self.config.get("resume_mixture_sources") or sources
+            weights = self.config.get("resume_mixture_weights") or weights
+        return sources, WeightSchedule({step: dict(changed) for step, changed in weights})
+
+    def sharded_mixture_loader(self, combined: bool) -> Any:
+        """A ``Mixture`` of LitData (chunks, token blocks) and Mosaic sources read chunk by chunk; ``combined``:
+        LitData's ``CombinedStreamingDataset`` of the LitData ones with the weights at step 0, in its
+        ``StreamingDataLoader``, as users write it (read as the equivalent ``Mixture``; its seed the run's, so
+        that a ``Mixture`` of the same sources is the run it equals)."""
+        from lightning_resumable import set_mosaic_environment
+
+        root = Path(self.config["out_dir"]).parent
+        sources, schedule = self.mixture_sources_and_weights()
+        names = [name for name, _ in sources]
+        batch_size, workers = self.config["batch_size"], self.config["num_workers"]
+        if combined:
+            from litdata import CombinedStreamingDataset, StreamingDataLoader
+
+            weights = schedule.weights_at(0)
+            datasets = [sharded_source(root, name) for name in names]
+            self.train_set = CombinedStreamingDataset(
+                datasets, seed=self.config["seed"], weights=[weights[name] for name in names], iterate_over_all=False
+            )
+            return StreamingDataLoader(self.train_set, batch_size=batch_size, num_workers=workers)
+        if "c" in names:
+            set_mosaic_environment(self.trainer)
+        datasets = {name: sharded_source(root, name) for name in names}
+        self.train_set = Mixture(datasets, schedule, samples_per_epoch=self.config["dataset_size"])
+        return DataLoader(self.train_set, batch_size=batch_size, num_workers=workers)
+
     def map_loader(self) -> Any:
         resuming = self.config["phase"].startswith("resume")
         relisted = self.config.get("relist_on_resume", False) and resuming
@@ -690,6 +786,8 @@ TRAIN_LOADERS: dict[str, Callable[[PlainData], Any]] = {
     "combined": lambda data: data.several_loaders(combined=True),
     "dict": lambda data: data.several_loaders(combined=False),
     "mixture": PlainData.mixture_loader,
+    "sharded-mixture": lambda data: data.sharded_mixture_loader(combined=False),
+    "litdata-weighted": lambda data: data.sharded_mixture_loader(combined=True),
 }
 """How each train data of ``data_setups.SETUPS`` is built, by its name (``Scenario.data``)."""
 assert set(TRAIN_LOADERS) == set(SETUPS), "every data setup is built, and no other"

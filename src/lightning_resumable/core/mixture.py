@@ -15,6 +15,7 @@ segment, so a window across a change keeps each part's (`lightning_resumable.cor
 from __future__ import annotations
 
 import bisect
+import copy
 import functools
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -25,11 +26,12 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from lightning_resumable.core.chunks import ChunkedPass, Chunks, chunks_of
 from lightning_resumable.core.interleave import Interleave, interleave, realised_parts
 from lightning_resumable.core.order import MAX_SIZE, orders_at, round_keys
 from lightning_resumable.core.schedule import StepClock, Weights, WeightSchedule
 from lightning_resumable.errors import MixtureError
-from lightning_resumable.format._keys import mixture_pass_seed
+from lightning_resumable.format._keys import chunked_pass_seed, mixture_pass_seed
 
 __all__ = ["Mixture", "MixtureStream", "Segment", "realise"]
 
@@ -107,6 +109,8 @@ class MixtureStream:
         seed: the run's seed; shuffle: each pass in a permuted order (else in the source's order).
         first: the segment in force at ``changes_after`` (the run's start, or a resume's).
         schedule, clock: where the weights change later (``None``: never), and at which stream positions.
+        chunks: each source's chunks, or ``None`` (by place in ``names``; empty: none chunked): a chunked
+            source's pass is read window by window (`lightning_resumable.core.chunks`).
     """
 
     names: tuple[str, ...]
@@ -117,6 +121,7 @@ class MixtureStream:
     schedule: WeightSchedule | None
     clock: StepClock
     changes_after: int
+    chunks: tuple[Chunks | None, ...] = ()
     segments: list[Segment] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -130,6 +135,8 @@ class MixtureStream:
         self._lookups: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._source_keys = [source_key(name) for name in self.names]
         self._pass_keys: dict[tuple[int, int], list[int]] = {}
+        self._chunked_passes: dict[tuple[int, int], ChunkedPass] = {}
+        self.chunks = self.chunks or (None,) * len(self.names)
         self._changes: Iterator[tuple[int, Weights]] = iter(())
         if self.schedule is not None:
             after = self.clock.point_at(self.changes_after, self.schedule.unit)
@@ -203,8 +210,24 @@ class MixtureStream:
             count = len(self.names)
             pairs, which = torch.unique(passes * count + sources, return_inverse=True)  # (source, pass) as one key
             keys = torch.tensor([self.pass_keys(pair % count, pair // count) for pair in pairs.tolist()])
-            within = orders_at(within, sizes, keys[which])
+            places, within = within, orders_at(within, sizes, keys[which])
+            for number, pair in enumerate(pairs.tolist()):
+                if self.chunks[pair % count] is not None:
+                    chosen = which == number
+                    within[chosen] = self.chunked_pass(pair % count, pair // count)(places[chosen])
         return self._offsets[sources] + within
+
+    def chunked_pass(self, source: int, pass_index: int) -> ChunkedPass:
+        """The order of pass ``pass_index`` over the chunked source ``source`` (the last few kept)."""
+        if (source, pass_index) not in self._chunked_passes:
+            if len(self._chunked_passes) >= 2 * len(self.names):
+                del self._chunked_passes[next(iter(self._chunked_passes))]
+            chunks, key = self.chunks[source], self._source_keys[source]
+            assert chunks is not None
+            self._chunked_passes[source, pass_index] = ChunkedPass(
+                chunks, functools.partial(chunked_pass_seed, self.seed, key, pass_index)
+            )
+        return self._chunked_passes[source, pass_index]
 
     def pass_keys(self, source: int, pass_index: int) -> list[int]:
         """The round keys of pass ``pass_index`` over source ``source``: a pure function of seed, name and pass
@@ -226,8 +249,13 @@ class Mixture(Dataset[Any]):
     there. A source may be added at a resume (it starts its first pass) or removed (its position is
     kept, to continue if it comes back); a source whose size changed is refused, by name.
 
+    A source stored in chunks (LitData's or Mosaic's ``StreamingDataset``, a Hugging Face ``Dataset``, or
+    any dataset wrapped in `Chunked`) is read chunk by chunk: each pass permutes its chunks and, within
+    windows of a few chunks, its samples (`lightning_resumable.core.chunks`), so a reader holds a few
+    chunks at a time, not a different chunk for nearly every sample.
+
     Args:
-        sources: the datasets by name (each sized and indexable).
+        sources: the datasets by name (each sized and indexable; a chunked one sized by its chunks).
         weights: a weight per source name (ratios count: ``{"web": 3, "code": 1}`` is 0.75/0.25), or a
             `WeightSchedule`. A weight of 0 leaves a source out.
         samples_per_epoch: samples (all ranks together) an epoch holds, rounded up to whole global
@@ -254,12 +282,16 @@ class Mixture(Dataset[Any]):
     ) -> None:
         if not isinstance(sources, Mapping) or not sources:
             raise MixtureError(f"a Mixture needs its sources as a non-empty mapping by name, got {sources!r:.80}")
-        sizes = []
+        sizes: list[int] = []
+        self.chunks: dict[str, Chunks] = {}
         for name, dataset in sources.items():
             if not isinstance(name, str) or not name:
                 raise MixtureError(f"a source's name must be a non-empty string, got {name!r}")
+            chunks = chunks_of(dataset, name)
+            if chunks is not None:  # sized by its chunks: a data library's len is one rank's share under DDP
+                self.chunks[name] = chunks
             try:
-                size = len(dataset)  # type: ignore[arg-type]
+                size = len(dataset) if chunks is None else chunks.total  # type: ignore[arg-type]
             except TypeError:
                 raise MixtureError(f"the source {name!r} ({type(dataset).__name__}) has no length") from None
             if not 1 <= size <= MAX_SIZE:
@@ -288,6 +320,12 @@ class Mixture(Dataset[Any]):
         """The sample at the mixture's ``index``: its source's offset plus the index in the source."""
         name, within = self.locate(int(index))
         return self.sources[name][within]
+
+    def reading(self, readers: Mapping[str, Any]) -> Mixture:
+        """A copy of this mixture whose sources are read by index through ``readers`` (by name)."""
+        made = copy.copy(self)
+        made.sources = {name: readers[name] for name in self.names}
+        return made
 
     def locate(self, index: int) -> tuple[str, int]:
         """The source and the index in it of the mixture's ``index``."""

@@ -93,8 +93,9 @@ class MixtureSampler(ResumableSampler):
         (``scheduled=False``: never, as a resume's first batch is verified)."""
         mixture = self.mixture
         schedule = mixture.schedule if scheduled else None
+        chunks = tuple(mixture.chunks.get(name) for name in mixture.names)
         return MixtureStream(
-            mixture.names, mixture.sizes, self.seed, mixture.shuffle, first, schedule, clock, changes_after
+            mixture.names, mixture.sizes, self.seed, mixture.shuffle, first, schedule, clock, changes_after, chunks
         )
 
     def set_samples_per_epoch(self, samples: int) -> None:

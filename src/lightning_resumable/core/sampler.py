@@ -111,9 +111,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         self.sample_keys = sample_keys
         # Where the current (or next) iteration's stream starts: 0 for a fresh pass, the restored
         # global position (and the trainer's batch count at that position) after load_state_dict.
-        self._origin_position = 0
-        self._origin_batches = 0
-        self._origin_is_restored = False
+        self._origin_position, self._origin_batches, self._origin_is_restored = 0, 0, False
         # Where this world size took over the epoch's stream: the origin after a restore on another world
         # size, else the saved anchor ((None, None): not recorded), else the stream's start.
         self._anchor: tuple[int | None, int | None] = (0, 0)
@@ -155,6 +153,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
 
     def _start_fresh_pass(self) -> None:
         self._origin_position, self._origin_batches, self._origin_is_restored, self._anchor = 0, 0, False, (0, 0)
+        self._restored_at_start = False  # the pass was restored at its epoch's start (`_chunks`)
 
     # -------------------------------------------------------------------------------- iteration
     @property
@@ -189,9 +188,10 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         if self._origin_is_restored:
             # This pass starts at the restored position (a complete epoch's: its empty rest, as torchdata's
             # StatefulDistributedSampler yields, so a loop that saves after every step trains nothing twice).
-            self._origin_is_restored = False
+            at_start = self._origin_position == self._origin_batches == 0  # Lightning's reload iterates twice:
+            self._origin_is_restored, self._restored_at_start = False, at_start  # the next pass reads it again
         elif self._pass_complete:
-            if self.passes == "once":
+            if self.passes == "once" and not self._restored_at_start:
                 return  # read once this epoch
             self._next_pass()  # a restart within the epoch
         else:

@@ -42,6 +42,7 @@ class Domain(IntEnum):
     VALIDATION = 0x56414C4944  # "VALID": a validation sample's seed from (seed, loader, index)
     HELD = 0x48454C44  # "HELD": a generator a dataset holds, from (sample seed, its path)
     MIXTURE = 0x4D4958  # "MIX": a mixture source's pass order, from (seed, the source's name, pass)
+    CHUNKS = 0x4348554E4B  # "CHUNK": a chunked source's pass order, from (seed, the source's name, pass, level)
 
 
 def check_version(version: object) -> int:
@@ -126,6 +127,12 @@ def repeated_round_seed(seed: int, round_index: int) -> int:
 def batch_epoch_seed(seed: int, epoch: int) -> int:
     """The seed of a batch sampler's generator for ``epoch`` (its own form: the seed is not pre-mixed)."""
     return splitmix64(splitmix64(seed ^ Domain.BATCH) ^ epoch) >> 1
+
+
+def chunked_pass_seed(seed: int, source_key: int, pass_index: int, level: int) -> int:
+    """The seed of one level of a chunked source's pass order: ``level`` 0 permutes the chunks, ``1 + k``
+    the samples of window ``k`` (every part of the tuple mixed in, so no two (pass, window) pairs collide)."""
+    return domain_key(seed, Domain.CHUNKS, source_key, pass_index, level) >> 1
 
 
 def mixture_pass_seed(seed: int, source_key: int, pass_index: int) -> int:

@@ -10,7 +10,7 @@ and strings only; nothing derived from the world size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, ClassVar
 
@@ -42,6 +42,8 @@ class MixtureRecord:
         period, parts: the realised weights in force, ``parts[name] / period`` (sources drawn only).
         counts: every known source's samples given before ``segment_start``.
         sizes: every known source's size, a removed one's too.
+        chunks: the chunk layout (`lightning_resumable.core.chunks.Chunks.digest`) of every known source
+            read chunk by chunk, by name (a source absent is read by a global permutation).
     """
 
     epoch_start: int
@@ -51,6 +53,7 @@ class MixtureRecord:
     parts: dict[str, int]
     counts: dict[str, int]
     sizes: dict[str, int]
+    chunks: dict[str, str] = field(default_factory=dict)
 
     def weights(self) -> dict[str, Fraction]:
         return {name: Fraction(part, self.period) for name, part in self.parts.items()}
@@ -62,12 +65,13 @@ class MixtureRecord:
             "segment": {"start": self.segment_start, "period": self.period, "parts": dict(self.parts)},
             "counts": dict(self.counts),
             "sizes": dict(self.sizes),
+            **({"chunks": dict(self.chunks)} if self.chunks else {}),
         }
 
     @classmethod
     def from_dict(cls, raw: object) -> MixtureRecord:
         raw = mapping_of(raw, "a mixture's record")
-        require_keys(raw, {"epoch_start", "steps", "segment", "counts", "sizes"}, set(), "a mixture's record")
+        require_keys(raw, {"epoch_start", "steps", "segment", "counts", "sizes"}, {"chunks"}, "a mixture's record")
         segment = mapping_of(raw["segment"], "a mixture's segment")
         require_keys(segment, {"start", "period", "parts"}, set(), "a mixture's segment")
         numbers = (raw["epoch_start"], raw["steps"], segment["start"], segment["period"])
@@ -83,7 +87,10 @@ class MixtureRecord:
                 f"a mixture's record names sources {sorted(sizes)} by size, {sorted(counts)} by count and"
                 f" {sorted(parts)} by weight: every source needs a size and a count, and a weight only if drawn"
             )
-        return cls(raw["epoch_start"], raw["steps"], segment["start"], segment["period"], parts, counts, sizes)
+        chunks = dict(mapping_of(raw.get("chunks", {}), "a mixture's chunks"))
+        if not all(isinstance(value, str) for value in chunks.values()) or not set(chunks) <= set(sizes):
+            raise StateFormatError(f"a mixture's chunks must map known sources to their layouts: {chunks!r:.200}")
+        return cls(raw["epoch_start"], raw["steps"], segment["start"], segment["period"], parts, counts, sizes, chunks)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class MixtureOwner(Owner[MixtureState]):
         assert isinstance(sampler, MixtureSampler)
         self.sampler, self.mixture = sampler, sampler.mixture
         self.sizes = dict(zip(self.mixture.names, self.mixture.sizes, strict=True))  # removed sources' too
+        self.chunks = {name: chunks.digest() for name, chunks in self.mixture.chunks.items()}  # likewise
         self.verified: MixtureStream | None = None  # what the first batch is verified with, if not the training stream
 
     @property
@@ -52,6 +53,7 @@ class MixtureOwner(Owner[MixtureState]):
         record, state = saved.mixture, saved.loader.state
         self._refuse_another_setup(saved)
         self.sampler.set_samples_per_epoch(state.dataset_size)
+        self.chunks = {**{name: record.chunks[name] for name in record.chunks if name not in self.sizes}, **self.chunks}
         self.sizes = {**record.sizes, **self.sizes}
         position = saved.position
         history = Segment(
@@ -96,6 +98,12 @@ class MixtureOwner(Owner[MixtureState]):
             for name, size in sorted(record.sizes.items())
             if name in self.sizes and self.sizes[name] != size
         ]
+        differences += [
+            f"the source {name!r}: read {_layout(record.chunks.get(name))} in the checkpoint,"
+            f" {_layout(self.chunks.get(name))} now (its pass would continue in another order)"
+            for name in sorted(record.sizes)
+            if name in self.sizes and record.chunks.get(name) != self.chunks.get(name)
+        ]
         if mixture.samples_per_epoch is not None and mixture.samples_per_epoch != state.dataset_size:
             differences.append(f"samples_per_epoch: {state.dataset_size:,} in the checkpoint, {len(mixture):,} now")
         if mixture.shuffle != state.shuffle:
@@ -130,6 +138,7 @@ class MixtureOwner(Owner[MixtureState]):
             parts=dict(segment.parts),
             counts=dict(segment.counts),
             sizes=dict(self.sizes),
+            chunks=dict(self.chunks),
         )
         return MixtureState(loader, record)
 
@@ -160,6 +169,10 @@ class MixtureOwner(Owner[MixtureState]):
 
     def retire_workers(self) -> None:
         self.one.retire_workers()
+
+
+def _layout(digest: str | None) -> str:
+    return "by one permutation of its samples" if digest is None else f"chunk by chunk (chunks x window: {digest})"
 
 
 def _shown(weights: dict[str, Any]) -> str:

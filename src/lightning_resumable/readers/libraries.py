@@ -23,6 +23,7 @@ import sys
 from typing import cast
 
 from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.internals._chunk_tables import is_of
 from lightning_resumable.readers.base import Adapter, Library
 
 __all__ = [
@@ -84,12 +85,6 @@ def adapters_for(loader: object) -> list[Adapter]:
         for package, library in LIBRARIES.items()
         if package in packages and package in sys.modules
     ]
-
-
-def is_of(node: object, package: str, name: str) -> bool:
-    """Whether ``node`` is of class ``name`` (``StreamingDataLoader``, ``StreamingDataset``) from ``package``
-    (``litdata``, ``streaming``), or of a subclass of it."""
-    return any(cls.__name__ == name and cls.__module__.partition(".")[0] == package for cls in type(node).__mro__)
 
 
 def required_state_dict_arguments(node: object) -> list[str]:

@@ -23,22 +23,35 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from pathlib import PurePosixPath
 from typing import Any
 
 from litdata import CombinedStreamingDataset, StreamingDataLoader, StreamingDataset
 from litdata.streaming.sampler import ChunkedIndex
+from litdata.utilities.env import _WorkerEnv
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable.core import randomness
+from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.readers import mixture as mixture_reader
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.libraries import LIBRARIES, is_of
 from lightning_resumable.readers.recording import PassRecord
 from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, refuse_persistent_workers
 from lightning_resumable.readers.workers import ForkingEachPass, leave_sigterm_to_rank, warn_once_on_affected_python
 
-__all__ = ["LIBRARY", "LitDataLoader", "build", "make_litdata_resumable", "recognises"]
+__all__ = [
+    "LIBRARY",
+    "ChunkedIndex",
+    "LitDataLoader",
+    "build",
+    "chunk_intervals",
+    "make_litdata_resumable",
+    "recognises",
+]
 
 LIBRARY = LIBRARIES["litdata"]
 
@@ -52,8 +65,70 @@ def recognises(loader: object) -> bool:
 
 
 def build(loader: Any, options: BuildOptions) -> Built:
+    if isinstance(loader.dataset, CombinedStreamingDataset) and not loader.dataset._iterate_over_all:
+        mixture, settings = combined_as_mixture(loader)
+        return mixture_reader.build(DataLoader(mixture, **settings), replace(options, seed=loader.dataset._seed), False)
     made = make_litdata_resumable(loader, seed=options.seed, epoch_source=options.epoch_source)
     return Built(made, made)
+
+
+def source_names(datasets: list[Any]) -> list[str]:
+    """A name for each of a combined dataset's datasets: its directory's last part, numbered where two share it."""
+    names = [
+        PurePosixPath(str(each.input_dir.url or each.input_dir.path or "source").rstrip("/")).name for each in datasets
+    ]
+    return [f"{name}-{number}" if names.count(name) > 1 else name for number, name in enumerate(names)]
+
+
+def _written(names: list[str], weights: list[float], loader: Any, shuffle: bool) -> str:
+    sources = ", ".join(f"{name!r}: StreamingDataset(...)" for name in names)
+    shares = ", ".join(f"{name!r}: {weight:.4g}" for name, weight in zip(names, weights, strict=True))
+    return (
+        f"DataLoader(Mixture({{{sources}}}, {{{shares}}}{'' if shuffle else ', shuffle=False'}),"
+        f" batch_size={loader.batch_size}, num_workers={loader.num_workers})"
+    )
+
+
+def combined_as_mixture(loader: Any) -> tuple[Mixture, dict[str, Any]]:
+    """A loader over a ``CombinedStreamingDataset(datasets, weights, seed, iterate_over_all=False)`` as the
+    equivalent `Mixture` (its datasets by `source_names`, its weights; read chunk by chunk) and the
+    settings of the torch loader that reads it (batch size, workers, collation: the user's).
+
+    Raises:
+        UnsupportedLoaderError: what the mixture cannot honour (batches of one dataset each, datasets
+            shuffled and not, a DataLoader subclass), printing the loader to write instead.
+    """
+    combined = loader.dataset
+    datasets, weights = list(combined._datasets), [float(weight) for weight in combined._weights]
+    names = source_names(datasets)
+    shuffles = {bool(each.shuffle) for each in datasets}
+    written = _written(names, weights, loader, shuffle=True in shuffles)
+    why = ""
+    if combined._batching_method != "stratified":
+        why = f"batching_method={combined._batching_method!r} (a Mixture mixes its sources within each batch)"
+    elif len(shuffles) > 1:
+        why = "datasets of which some shuffle and some do not (a Mixture shuffles all its sources or none)"
+    elif not all(isinstance(each, StreamingDataset) for each in datasets):
+        why = "a dataset that is not a StreamingDataset"
+    if why:
+        raise UnsupportedLoaderError(
+            f"LitData's CombinedStreamingDataset with {why} cannot be read as a Mixture; write {written}"
+        )
+    refuse_persistent_workers(loader, "LitData's loader")
+    collate_fn = loader.collate_fn.collate_fn if isinstance(loader, StreamingDataLoader) else loader.collate_fn
+    mixture = Mixture(
+        dict(zip(names, datasets, strict=True)), dict(zip(names, weights, strict=True)), shuffle=True in shuffles
+    )
+    return mixture, forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn)
+
+
+def chunk_intervals(dataset: StreamingDataset) -> list[Any]:
+    """LitData's chunk table of ``dataset`` (``(chunk_start, roi_start, roi_end, chunk_end)`` each), its
+    cache made in this process first if it has none yet, as its own ``__getitem__`` makes it."""
+    if dataset.cache is None:
+        dataset.worker_env = _WorkerEnv.detect()
+        dataset.cache = dataset._create_cache(worker_env=dataset.worker_env)
+    return list(dataset.cache.get_chunk_intervals())
 
 
 def _epoch_of(dataset: StreamingDataset) -> int:
@@ -127,10 +202,14 @@ def make_litdata_resumable(loader: Any, *, seed: int, epoch_source: Callable[[],
             " StreamingDataset, or a CombinedStreamingDataset of them, it is"
         )
     if combined and loader.num_workers > 0:
+        names = source_names(datasets)
+        weights = [float(weight) for weight in dataset._weights]
         raise UnsupportedLoaderError(
-            "LitData's CombinedStreamingDataset with num_workers > 0: LitData's state sums each dataset's count"
-            " over the workers, and its resume then reads other samples (seen: a sample trained twice and"
-            " another never, 2 workers). It resumes exactly with num_workers=0"
+            "LitData's CombinedStreamingDataset(iterate_over_all=True) with num_workers > 0: LitData's state sums"
+            " each dataset's count over the workers, and its resume then reads other samples (seen: a sample"
+            " trained twice and another never, 2 workers). It resumes exactly with num_workers=0; with workers,"
+            " pass iterate_over_all=False (read as a Mixture, exact with any workers and world size), or write "
+            + _written(names, weights, loader, shuffle=any(each.shuffle for each in datasets))
         )
     refuse_persistent_workers(loader, "LitData's loader")
     for stream, each in enumerate(datasets):  # a combined dataset's samples share their indices

@@ -19,6 +19,7 @@ from lightning_resumable.core.randomness import SampleSeededDataset
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.internals._lightning import given_arguments
 from lightning_resumable.readers.base import BuildOptions, Built
+from lightning_resumable.readers.chunk_sources import readable
 from lightning_resumable.readers.map_style import rebuilt_loader
 
 __all__ = ["build", "recognises"]
@@ -57,6 +58,7 @@ def build(loader: DataLoader[Any], options: BuildOptions, subclass: bool) -> Bui
             f" {type(loader.batch_sampler).__name__}, batch_size={loader.batch_size}); a Mixture draws its sources"
             " in the order its weights give: pass batch_size and leave sampler, batch_sampler and shuffle unset"
         )
+    mixture = mixture.reading({name: readable(source) for name, source in mixture.sources.items()})
     mixture_sampler = MixtureSampler(
         mixture, num_replicas=options.num_replicas, rank=options.rank, seed=options.seed, batch_size=loader.batch_size
     )
