@@ -17,7 +17,8 @@ from .helpers import assert_reader_resumes_exactly
 
 litdata = pytest.importorskip("litdata")
 
-from lightning_resumable.readers.litdata import LitDataLoader, make_litdata_resumable  # noqa: E402
+from lightning_resumable.readers.base import BuildOptions  # noqa: E402
+from lightning_resumable.readers.litdata import LitDataLoader, build, make_litdata_resumable  # noqa: E402
 
 BATCHES = 12  # 48 samples in batches of 4, one process
 
@@ -73,5 +74,44 @@ def test_a_combined_dataset_is_resumed_without_workers_and_refused_with_them(chu
     made = make_litdata_resumable(litdata.StreamingDataLoader(combined, batch_size=4), seed=3, epoch_source=lambda: 0)
     assert isinstance(made, LitDataLoader)
     with_workers = litdata.StreamingDataLoader(combined, batch_size=4, num_workers=2)
-    with pytest.raises(UnsupportedLoaderError, match="CombinedStreamingDataset with num_workers > 0"):
+    with pytest.raises(UnsupportedLoaderError, match=r"iterate_over_all=True\) with num_workers > 0") as refused:
         make_litdata_resumable(with_workers, seed=3, epoch_source=lambda: 0)
+    name = chunks.name  # the directory names the source; two of one directory are numbered
+    written = f"DataLoader(Mixture({{'{name}-0': StreamingDataset(...), '{name}-1': StreamingDataset(...)}},"
+    assert written in str(refused.value) and "batch_size=4, num_workers=2)" in str(refused.value)
+
+
+def test_a_weighted_combined_dataset_is_read_as_the_equivalent_mixture(chunks: Path) -> None:
+    """``iterate_over_all=False`` (LitData's only way to give weights): a Mixture of its datasets by directory
+    name, with its weights and seed, read chunk by chunk with the user's batch size and workers."""
+    second = chunks.parent / "second"
+    if not (second / "index.json").exists():
+        train.write_litdata(second, 24, first=1000)
+    datasets = [train.litdata_stream(chunks), train.litdata_stream(second)]
+    combined = litdata.CombinedStreamingDataset(datasets, seed=9, weights=[7, 3], iterate_over_all=False)
+    built = build(
+        litdata.StreamingDataLoader(combined, batch_size=4, num_workers=2), BuildOptions(seed=3, num_replicas=2, rank=0)
+    )
+    assert built.mixture is not None and built.loader.num_workers == 2 and built.loader.batch_size == 4
+    mixture = built.mixture.mixture
+    assert mixture.names == (chunks.name, "second") and mixture.sizes == (48, 24) and built.mixture.seed == 9
+    assert {name: float(weight) for name, weight in mixture.schedule.weights_at(0).items()} == {
+        chunks.name: 0.7,
+        "second": 0.3,
+    }
+    assert mixture.chunks[chunks.name].sizes == (6,) * 8  # the chunks litdata.optimize wrote
+
+
+@pytest.mark.parametrize("option", ["per_stream", "mixed_shuffle"])
+def test_a_weighted_combined_dataset_a_mixture_cannot_honour_is_refused_printing_the_mixture(
+    chunks: Path, option: str
+) -> None:
+    datasets = [train.litdata_stream(chunks), train.litdata_stream(chunks)]
+    if option == "mixed_shuffle":
+        datasets[1] = litdata.StreamingDataset(str(chunks), shuffle=False)
+    batching = "per_stream" if option == "per_stream" else "stratified"
+    combined = litdata.CombinedStreamingDataset(
+        datasets, weights=[1, 1], iterate_over_all=False, batching_method=batching
+    )
+    with pytest.raises(UnsupportedLoaderError, match="cannot be read as a Mixture; write DataLoader\\(Mixture"):
+        build(litdata.StreamingDataLoader(combined, batch_size=4), BuildOptions(seed=3, num_replicas=1, rank=0))

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from lightning_resumable import (
+    Chunked,
     IncompatibleStateError,
     Mixture,
     MixtureError,
@@ -25,6 +26,7 @@ from lightning_resumable import (
     UnsupportedLoaderError,
     WeightSchedule,
 )
+from lightning_resumable.core.chunks import Chunks
 from lightning_resumable.core.mixture_sampler import MixtureSampler
 from lightning_resumable.format.audit import read_audit
 from lightning_resumable.format.envelope import MixtureState, parse
@@ -251,6 +253,32 @@ def test_a_source_whose_size_changed_is_refused_by_name() -> None:
     owner.start_fresh(0)
     with pytest.raises(IncompatibleStateError, match=r"the source 'code': size 7 in the checkpoint, 8 now"):
         resumed(mixture({"web": 1, "code": 1, "books": 1}, {**SIZES, "code": 8}), save(owner, 1))
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "message"),
+    [
+        ([7], [4, 3], r"'code': read chunk by chunk \(chunks x window: 1x4:\w+\) in the checkpoint, chunk by chunk"),
+        ([7], None, r"'code': read chunk by chunk .* in the checkpoint, by one permutation of its samples now"),
+        (None, [4, 3], r"'code': read by one permutation of its samples in the checkpoint, chunk by chunk"),
+    ],
+    ids=["rechunked", "unchunked", "chunked"],
+)
+def test_a_source_whose_chunks_changed_is_refused_by_name(
+    before: list[int] | None, after: list[int] | None, message: str
+) -> None:
+    """Its pass order depends on its chunks: another chunking would continue the pass in another order."""
+
+    def with_code(sizes: list[int] | None) -> Mixture:
+        code = list(range(7)) if sizes is None else Chunked(list(range(7)), sizes)
+        return Mixture({"web": list(range(13)), "code": code}, {"web": 1, "code": 1})
+
+    owner = owner_for(with_code(before))
+    owner.start_fresh(0)
+    saved = save(owner, 1)
+    assert saved.mixture.chunks == ({} if before is None else {"code": Chunks(tuple(before)).digest()})
+    with pytest.raises(IncompatibleStateError, match=message):
+        resumed(with_code(after), saved)
 
 
 @pytest.mark.parametrize(

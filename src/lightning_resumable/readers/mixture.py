@@ -9,25 +9,36 @@ order, and a second order would be silently dropped.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
+from lightning_resumable.core.chunks import Chunked, Chunks
 from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.core.mixture_sampler import MixtureSampler
 from lightning_resumable.core.randomness import SampleSeededDataset
 from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.internals._chunk_tables import is_of
 from lightning_resumable.internals._lightning import given_arguments
 from lightning_resumable.readers.base import BuildOptions, Built
-from lightning_resumable.readers.chunk_sources import readable
 from lightning_resumable.readers.map_style import rebuilt_loader
 
-__all__ = ["build", "recognises"]
+__all__ = ["build", "readable", "recognises"]
 
 
 def recognises(loader: object) -> bool:
     """A torch loader over a `Mixture`."""
     return isinstance(loader, DataLoader) and isinstance(loader.dataset, Mixture)
+
+
+def readable(source: object, chunks: Chunks | None) -> object:
+    """``source`` as a mixture reads it by index: LitData's dataset chunk by chunk (`LitDataChunkReader`:
+    no scan of its chunk table, no bookkeeping at each change of chunk), any other as it is."""
+    inner = source.dataset if isinstance(source, Chunked) else source
+    if chunks is not None and is_of(inner, "litdata", "StreamingDataset"):
+        return importlib.import_module("lightning_resumable.readers.litdata").LitDataChunkReader(inner, chunks.window)
+    return source
 
 
 def build(loader: DataLoader[Any], options: BuildOptions, subclass: bool) -> Built:
@@ -58,7 +69,9 @@ def build(loader: DataLoader[Any], options: BuildOptions, subclass: bool) -> Bui
             f" {type(loader.batch_sampler).__name__}, batch_size={loader.batch_size}); a Mixture draws its sources"
             " in the order its weights give: pass batch_size and leave sampler, batch_sampler and shuffle unset"
         )
-    mixture = mixture.reading({name: readable(source) for name, source in mixture.sources.items()})
+    mixture = mixture.reading(
+        {name: readable(source, mixture.chunks.get(name)) for name, source in mixture.sources.items()}
+    )
     mixture_sampler = MixtureSampler(
         mixture, num_replicas=options.num_replicas, rank=options.rank, seed=options.seed, batch_size=loader.batch_size
     )
