@@ -156,7 +156,9 @@ def compare(work: Path) -> bool:
     for rank in range(2):
         full = records(work, "full", rank)
         interrupted = records(work, "stop", rank) + records(work, "resume", rank)
-        same = {name: sum(a[name] == b[name] for a, b in zip(full, interrupted, strict=False)) for name in ("ids", "loss")}
+        same = {
+            name: sum(a[name] == b[name] for a, b in zip(full, interrupted, strict=False)) for name in ("ids", "loss")
+        }
         steps = len(full)
         exact &= len(interrupted) == steps and all(count == steps for count in same.values())
         print(

@@ -131,3 +131,18 @@ def test_a_data_librarys_source_is_sized_by_its_chunks_not_by_its_len() -> None:
     mixture = Mixture({"web": StreamingDataset(range(12)), "code": list(range(4))}, {"web": 1, "code": 1})
     assert mixture.sizes == (12, 4) and mixture.offsets == [0, 12] and len(mixture) == 16
     assert mixture.chunks == {"web": Chunks((5, 7))}
+
+
+def test_inspect_names_a_chunked_sources_layout() -> None:
+    from lightning_resumable.lightning.mixture_owner import MixtureOwner
+    from lightning_resumable.lightning.progress import SavePoint
+    from lightning_resumable.readers.build import BuildOptions, build_resumable
+    from lightning_resumable.tools.summary import _mixture_summary
+
+    mixture = Mixture({"web": Chunked(list(range(12)), 4), "code": list(range(5))}, {"web": 1, "code": 1})
+    built = build_resumable(torch.utils.data.DataLoader(mixture, batch_size=2), BuildOptions(3, 1, 0))
+    owner = MixtureOwner(built.loader)
+    owner.start_fresh(0)
+    saved = owner.save(SavePoint(3, 0, 1, False, False, 0, 1, False, False))
+    sources = _mixture_summary(saved, None)["loaders"]["train"]["sources"]
+    assert sources["web"]["chunks"] == Chunks((4, 4, 4)).digest() and "chunks" not in sources["code"]

@@ -232,27 +232,33 @@ def seeds(found: tuple[int, ...] = (), fixed: tuple[int, ...] = CI_SEEDS) -> lis
 
 LIBRARY_DATA = ("litdata", "litdata", "litdata-combined", "mosaic", "mosaic")
 """The data libraries' streams a library case reads (`draw_library_case`), where the library is installed."""
+SHARDED = ("sharded-mixture", "litdata-weighted")
+"""The mixtures of their chunked datasets (LitData chunks, token blocks, Mosaic shards; a weighted
+``CombinedStreamingDataset``), drawn for 30% of the seeds, decided apart from the rest of the draw so that
+the seeds drawn before they were added still draw what they drew."""
 
 
 def draw_library_case(seed: int) -> Scenario:
     """A case over a data library's stream (LitData, a ``CombinedStreamingDataset``, MosaicML Streaming), drawn
     within what docs/litdata.md and docs/mosaic.md promise exact: the world size and, for Mosaic, ``num_workers``
     kept at the resume; a ``CombinedStreamingDataset`` without workers; no stop inside a step (a stream's batch
-    is not fetched again)."""
+    is not fetched again). A mixture of chunked datasets (`SHARDED`) is a map-style mixture: any stop."""
     draw = random.Random(seed * 104729 + 7)
     data = draw.choice(LIBRARY_DATA)
+    sharded = random.Random(f"sharded0:{seed}")
+    if sharded.random() < 0.3:
+        data = sharded.choice(SHARDED)
     workers = 0 if data == "litdata-combined" else draw.choice((0, 1, 2))
-    loaders = (
-        ("StreamingDataLoader", "StreamingDataLoader", "DataLoader")
-        if data != "litdata-combined"
-        else ("StreamingDataLoader",)
+    loaders = {"litdata-combined": ("StreamingDataLoader",), "sharded-mixture": ("DataLoader",)}.get(
+        data, ("StreamingDataLoader", "StreamingDataLoader", "DataLoader")
     )
+    stops = ("batch_end", "batch_end", "last_batch", "validation") + (("in_step",) if data in SHARDED else ())
     scenario = Scenario(
         world_size=draw.choice((1, 2, 2)),
         num_workers=workers,
         loader=draw.choice(loaders),
         data=data,
-        stop_kind=draw.choice(("batch_end", "batch_end", "last_batch", "validation")),
+        stop_kind=draw.choice(stops),
         stop_epoch=draw.choice((0, 1)),
         epochs=draw.choice((2, 3)),
         extra_saves_every=draw.choice((0, 0, 1, 2)),
@@ -262,6 +268,9 @@ def draw_library_case(seed: int) -> Scenario:
     )
     if scenario.stop_epoch == scenario.epochs - 1 and scenario.stop_kind == "last_batch":
         scenario = replace(scenario, epochs=3)  # a stop at the run's very end would resume nothing
+    if data == "litdata-weighted":  # the LitData sources, at weights drawn
+        weights = (("a", draw.choice((1, 3, 7))), ("b", draw.choice((1, 3))))
+        scenario = replace(scenario, mixture_sources=(("a", 19), ("b", 11)), mixture_weights=((0, weights),))
     if data == "mosaic" and workers and draw.random() < 0.3:
         scenario = replace(scenario, resume_num_workers=0)  # Mosaic's order does not depend on the workers
     return scenario
@@ -272,7 +281,10 @@ def library_data_written(runner: Runner, data: str) -> None:
     from . import train
 
     root = runner.root
-    if data.startswith("litdata"):
+    if data in SHARDED:
+        train.clean_mosaic_memory()  # left by runs that ended without Mosaic's cleanup
+        train.write_sharded_sources(root)
+    elif data.startswith("litdata"):
         for directory, size, first in ((train.LITDATA_DIR, 48, 0), (train.LITDATA_SECOND_DIR, 24, 1000)):
             if not (root / directory / "index.json").exists():
                 train.write_litdata(root / directory, size, first=first)

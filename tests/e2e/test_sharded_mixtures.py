@@ -10,14 +10,19 @@ where ``litdata`` and ``streaming`` are installed (CI's extras step); skipped el
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from . import train
-from .harness import WITH_PARAMETERS, Outcome, Runner, Scenario, stream_order
+from . import processes, train
+from .harness import RUN_TIMEOUT_S, WITH_PARAMETERS, Outcome, Runner, Scenario, stream_order
 
 pytest.importorskip("litdata")
+if importlib.util.find_spec("streaming") is None:
+    pytest.skip("MosaicML Streaming is not installed", allow_module_level=True)
 train.import_streaming()
 
 FIRST = (("a", 5), ("b", 3), ("c", 2))
@@ -128,3 +133,20 @@ def test_litdatas_combined_dataset_with_other_weights_at_a_resume_on_one_process
 def test_litdatas_combined_dataset_resumed_on_two_processes_continues_the_stream(sharded_runner: Runner) -> None:
     one = replace(COMBINED, world_size=1, batch_size=COMBINED.batch_size * 2)
     assert_in_stream_order(sharded_runner, replace(one, resume_world_size=2), one)
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llm_mixture.py"
+
+
+def test_the_llm_example_resumes_at_new_weights_as_the_changed_schedule(tmp_path: Path) -> None:
+    """``examples/llm_mixture.py``: LitData's weighted ``CombinedStreamingDataset`` of two token datasets, 2
+    processes, 2 workers, stopped mid-epoch and resumed at 0.5/0.5; each run ends as a user's process does."""
+    log = tmp_path / "example.log"
+    code = processes.run_tree([sys.executable, str(EXAMPLE)], log, tmp_path, 3 * RUN_TIMEOUT_S, "the LLM example")
+    output = log.read_text()
+    assert code == 0 and "EXACT: the resumed run equals the run whose schedule changed there" in output, output[-4000:]
+    for rank in range(2):
+        assert (
+            f"rank {rank}: 30 steps; the stopped and resumed run has the same blocks in 30, loss bits in 30" in output
+        )
+    assert output.count("after it: web 0.50, code 0.50") == 2, output[-2000:]

@@ -71,9 +71,10 @@ def test_a_drawn_data_library_workflow_resumes_exactly(runner: Runner, seed: int
     """LitData and MosaicML Streaming where installed (CI's extras step): their streams, drawn by
     `draw_library_case`, each compared with its uninterrupted twin."""
     scenario = draw_library_case(seed)
-    library = "streaming" if scenario.data == "mosaic" else "litdata"  # (Mosaic is imported with a stand-in)
-    if importlib.util.find_spec(library) is None:
-        pytest.skip(f"{library} is not installed")
+    needed = {"mosaic": ["streaming"], "sharded-mixture": ["litdata", "streaming"]}.get(scenario.data, ["litdata"])
+    missing = [library for library in needed if importlib.util.find_spec(library) is None]
+    if missing:  # (Mosaic is imported with a stand-in for torchvision)
+        pytest.skip(f"{missing} not installed")
     library_data_written(runner, scenario.data)
     rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_workflow_matrix.py -k library"
     where = f"seed {seed} ({scenario.label()})"

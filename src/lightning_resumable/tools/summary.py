@@ -125,6 +125,7 @@ def _mixture_summary(parsed: MixtureState, versions: Any) -> dict[str, Any]:
             "drawn": count,
             "pass": count // size,
             "position": count % size,
+            **({"chunks": record.chunks[name]} if name in record.chunks else {}),
         }
     summary = _one_summary(parsed.loader, versions)
     summary["loaders"]["train"].update(
@@ -214,9 +215,9 @@ def _mixture_rows(name: str, loader: Mapping[str, Any]) -> list[tuple[str, str]]
     ]
     for source, where in loader["sources"].items():
         weight = f"weight {where['weight']:.4g} ({where['parts']})" if where["weight"] else "not drawn (weight 0)"
-        rows.append(
-            (f"source {source!r}", f"{weight}, pass {where['pass']}, {where['position']:,} of {where['size']:,} read")
-        )
+        read = f"{weight}, pass {where['pass']}, {where['position']:,} of {where['size']:,} read"
+        chunked = f"; chunk by chunk (chunks x window: {where['chunks']})" if "chunks" in where else ""
+        rows.append((f"source {source!r}", read + chunked))
     return rows
 
 
