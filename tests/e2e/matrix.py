@@ -20,6 +20,7 @@ from .harness import (
     augmentation_by_id,
     data_after_epoch,
     ids_in_epoch,
+    stream_order,
 )
 
 _SAMPLERS = ("shuffle", "shuffle", "weighted", "replacement", "num_samples", "subset", "bucketing")
@@ -271,6 +272,11 @@ def draw_library_case(seed: int) -> Scenario:
     if data == "litdata-weighted":  # the LitData sources, at weights drawn
         weights = (("a", draw.choice((1, 3, 7))), ("b", draw.choice((1, 3))))
         scenario = replace(scenario, mixture_sources=(("a", 19), ("b", 11)), mixture_weights=((0, weights),))
+    if data in SHARDED and sharded.random() < 0.3:  # other weights at the resume
+        later = tuple((name, sharded.choice((1, 2, 6))) for name, _ in scenario.mixture_weights[0][1])
+        scenario = replace(scenario, resume_mixture_weights=((0, later),))
+    if data in SHARDED and sharded.random() < 0.3:  # on another world size
+        scenario = replace(scenario, resume_world_size=3 - scenario.world_size)
     if data == "mosaic" and workers and draw.random() < 0.3:
         scenario = replace(scenario, resume_num_workers=0)  # Mosaic's order does not depend on the workers
     return scenario
@@ -294,6 +300,44 @@ def library_data_written(runner: Runner, data: str) -> None:
             train.write_mosaic(root / train.MOSAIC_DIR, 48)
 
 
+def steps_at_stop(scenario: Scenario) -> int:
+    """Training steps before the stopped run's checkpoint: a stop inside a step saves before that step."""
+    trained = scenario.stop_epoch * scenario.batches_per_epoch + scenario.stop_batch
+    return trained if scenario.stop_kind == "in_step" else trained + 1
+
+
+def library_reference(scenario: Scenario) -> Scenario:
+    """The uninterrupted run a library case equals: itself, or with weights changed at the resume, a ``Mixture``
+    of the same sources whose schedule changes there (docs/mixtures.md; a weighted ``CombinedStreamingDataset``
+    is read as that mixture: its sources' sizes added up an epoch, its seed the run's in train.py)."""
+    if scenario.resume_mixture_weights is None:
+        return scenario
+    reference = replace(scenario, resume_mixture_weights=None)
+    if scenario.data == "litdata-weighted":
+        epoch = sum(size for _, size in scenario.mixture_sources)
+        reference = replace(reference, data="sharded-mixture", loader="DataLoader", dataset_size=epoch)
+    changes = ((0, scenario.mixture_weights[0][1]), (steps_at_stop(scenario), scenario.resume_mixture_weights[0][1]))
+    return replace(reference, mixture_weights=changes)
+
+
+def mixture_elastic_mismatches(runner: Runner, outcome: Outcome, reference: Scenario) -> list[str]:
+    """A mixture resumed on another world size reads its stream on in order (docs/mixtures.md): before the
+    stop the uninterrupted run; then every sample, in stream order, the reference's at the same position,
+    over the positions both trained (the per-rank batch is kept, so the global batch and the epochs' ends
+    change with the world size), the resumed run training at least one epoch's worth."""
+    problems = stopped_mismatches(outcome.full, outcome.stopped)
+    stopped, resumed = stream_order(outcome.stopped), stream_order(outcome.resumed)
+    expected = stream_order(runner.full(replace(reference, resume_world_size=None)))
+    interrupted = stopped + resumed
+    if len(resumed) < outcome.scenario.batches_per_epoch * outcome.scenario.batch_size:
+        problems.append(f"the resumed run trained {len(resumed)} samples, less than an epoch")
+    for position, (got, want) in enumerate(zip(interrupted, expected, strict=False)):
+        if got != want:
+            problems.append(f"stream position {position}: {got}, not {want}")
+            break
+    return problems
+
+
 def case_problems(runner: Runner, scenario: Scenario, reference: Scenario) -> list[str]:
     """Where the stopped and resumed ``scenario`` differs from the uninterrupted ``reference`` (empty: exact).
 
@@ -301,6 +345,8 @@ def case_problems(runner: Runner, scenario: Scenario, reference: Scenario) -> li
         AssertionError: a run failed or refused.
     """
     outcome = Outcome(scenario, runner.full(reference), runner.stopped(scenario), runner.resumed(scenario))
+    if scenario.resume_world_size is not None and scenario.data in ("mixture", *SHARDED):
+        return mixture_elastic_mismatches(runner, outcome, reference)
     if scenario.resume_world_size is not None:
         return elastic_mismatches(runner, outcome)
     if ("seed_steps", False) in scenario.callback_options:

@@ -29,6 +29,7 @@ from .matrix import (
     draw_chain,
     draw_library_case,
     library_data_written,
+    library_reference,
     seeds,
 )
 from .shrink import Case, shrink
@@ -79,7 +80,7 @@ def test_a_drawn_data_library_workflow_resumes_exactly(runner: Runner, seed: int
     rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_workflow_matrix.py -k library"
     where = f"seed {seed} ({scenario.label()})"
     try:
-        problems = case_problems(runner, scenario, scenario)
+        problems = case_problems(runner, scenario, library_reference(scenario))
     except AssertionError as error:
         raise AssertionError(f"{where}: a run failed; rerun: {rerun}\n{error}") from None
     assert problems == [], f"{where} is not exact; rerun: {rerun}\n" + "\n".join(problems[:6])

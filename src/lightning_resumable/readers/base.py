@@ -178,3 +178,7 @@ class Adapter(Protocol):
 
     def build(self, loader: Any, options: BuildOptions) -> Built:
         """``loader`` as the library's resumable reader."""
+
+    def mixture_source(self, dataset: Any, window: int) -> object:
+        """The library's chunked ``dataset`` as a `Mixture` reads it by index (``window``: chunks mixed
+        together); the dataset itself where the library's own ``__getitem__`` reads a chunk well."""

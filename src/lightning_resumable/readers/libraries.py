@@ -28,6 +28,7 @@ from lightning_resumable.readers.base import Adapter, Library
 
 __all__ = [
     "LIBRARIES",
+    "adapter_of",
     "adapters_for",
     "is_of",
     "library_of",
@@ -85,6 +86,15 @@ def adapters_for(loader: object) -> list[Adapter]:
         for package, library in LIBRARIES.items()
         if package in packages and package in sys.modules
     ]
+
+
+def adapter_of(node: object) -> Adapter | None:
+    """The adapter (imported now) of the data library ``node``'s class, or a base class of it, comes from."""
+    for cls in type(node).__mro__:
+        library = LIBRARIES.get(cls.__module__.partition(".")[0])
+        if library is not None and library.package in sys.modules:
+            return cast(Adapter, importlib.import_module(library.adapter))
+    return None
 
 
 def required_state_dict_arguments(node: object) -> list[str]:

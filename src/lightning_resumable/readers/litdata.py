@@ -46,7 +46,15 @@ from lightning_resumable.readers.recording import PassRecord
 from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, refuse_persistent_workers
 from lightning_resumable.readers.workers import ForkingEachPass, leave_sigterm_to_rank, warn_once_on_affected_python
 
-__all__ = ["LIBRARY", "LitDataChunkReader", "LitDataLoader", "build", "make_litdata_resumable", "recognises"]
+__all__ = [
+    "LIBRARY",
+    "LitDataChunkReader",
+    "LitDataLoader",
+    "build",
+    "make_litdata_resumable",
+    "mixture_source",
+    "recognises",
+]
 
 LIBRARY = LIBRARIES["litdata"]
 
@@ -115,6 +123,11 @@ def combined_as_mixture(loader: Any) -> tuple[Mixture, dict[str, Any]]:
         dict(zip(names, datasets, strict=True)), dict(zip(names, weights, strict=True)), shuffle=True in shuffles
     )
     return mixture, forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn)
+
+
+def mixture_source(dataset: StreamingDataset, window: int) -> LitDataChunkReader:
+    """LitData's dataset as a `Mixture` reads it (`lightning_resumable.readers.base.Adapter.mixture_source`)."""
+    return LitDataChunkReader(dataset, window)
 
 
 class LitDataChunkReader:

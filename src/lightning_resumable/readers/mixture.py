@@ -9,7 +9,6 @@ order, and a second order would be silently dropped.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
@@ -19,9 +18,9 @@ from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.core.mixture_sampler import MixtureSampler
 from lightning_resumable.core.randomness import SampleSeededDataset
 from lightning_resumable.errors import UnsupportedLoaderError
-from lightning_resumable.internals._chunk_tables import is_of
 from lightning_resumable.internals._lightning import given_arguments
 from lightning_resumable.readers.base import BuildOptions, Built
+from lightning_resumable.readers.libraries import adapter_of
 from lightning_resumable.readers.map_style import rebuilt_loader
 
 __all__ = ["build", "readable", "recognises"]
@@ -33,12 +32,12 @@ def recognises(loader: object) -> bool:
 
 
 def readable(source: object, chunks: Chunks | None) -> object:
-    """``source`` as a mixture reads it by index: LitData's dataset chunk by chunk (`LitDataChunkReader`:
-    no scan of its chunk table, no bookkeeping at each change of chunk), any other as it is."""
+    """``source`` as a mixture reads it by index: a data library's chunked dataset as its adapter reads it
+    (LitData's chunk by chunk, without a scan of its chunk table or bookkeeping at each change of
+    chunk), any other as it is."""
     inner = source.dataset if isinstance(source, Chunked) else source
-    if chunks is not None and is_of(inner, "litdata", "StreamingDataset"):
-        return importlib.import_module("lightning_resumable.readers.litdata").LitDataChunkReader(inner, chunks.window)
-    return source
+    adapter = adapter_of(inner)
+    return source if adapter is None or chunks is None else adapter.mixture_source(inner, chunks.window)
 
 
 def build(loader: DataLoader[Any], options: BuildOptions, subclass: bool) -> Built:

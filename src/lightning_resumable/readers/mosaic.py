@@ -41,9 +41,15 @@ from lightning_resumable.readers.recording import PassRecord
 from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, refuse_persistent_workers
 from lightning_resumable.readers.workers import ForkingEachPass, leave_sigterm_to_rank, warn_once_on_affected_python
 
-__all__ = ["LIBRARY", "MosaicLoader", "build", "make_mosaic_resumable", "recognises"]
+__all__ = ["LIBRARY", "MosaicLoader", "build", "make_mosaic_resumable", "mixture_source", "recognises"]
 
 LIBRARY = LIBRARIES["streaming"]
+
+
+def mixture_source(dataset: StreamingDataset, window: int) -> StreamingDataset:
+    """Mosaic's dataset as a `Mixture` reads it: itself (its ``get_item`` fetches a whole shard into its
+    node-wide cache; `lightning_resumable.readers.base.Adapter.mixture_source`)."""
+    return dataset
 
 
 def recognises(loader: object) -> bool:
