@@ -86,7 +86,9 @@ class TokenData(ResumableDataModule, L.LightningDataModule):
             return DataLoader(Mixture(datasets, self.weights), batch_size=BATCH_SIZE, num_workers=2)
         weights = [self.weights[name] for name in SOURCES]
         combined = litdata.CombinedStreamingDataset(
-            list(datasets.values()), seed=SEED, weights=weights, iterate_over_all=False
+            list(datasets.values()),
+            weights=weights,
+            iterate_over_all=False,  # LitData's seed, 42: not the run's
         )
         return litdata.StreamingDataLoader(combined, batch_size=BATCH_SIZE, num_workers=2)
 

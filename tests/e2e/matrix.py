@@ -309,7 +309,7 @@ def steps_at_stop(scenario: Scenario) -> int:
 def library_reference(scenario: Scenario) -> Scenario:
     """The uninterrupted run a library case equals: itself, or with weights changed at the resume, a ``Mixture``
     of the same sources whose schedule changes there (docs/mixtures.md; a weighted ``CombinedStreamingDataset``
-    is read as that mixture: its sources' sizes added up an epoch, its seed the run's in train.py)."""
+    is read as that mixture: its sources' sizes added up an epoch, ordered by the run's seed)."""
     if scenario.resume_mixture_weights is None:
         return scenario
     reference = replace(scenario, resume_mixture_weights=None)

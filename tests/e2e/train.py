@@ -710,8 +710,8 @@ class PlainData(L.LightningDataModule):
     def sharded_mixture_loader(self, combined: bool) -> Any:
         """A ``Mixture`` of LitData (chunks, token blocks) and Mosaic sources read chunk by chunk; ``combined``:
         LitData's ``CombinedStreamingDataset`` of the LitData ones with the weights at step 0, in its
-        ``StreamingDataLoader``, as users write it (read as the equivalent ``Mixture``; its seed the run's, so
-        that a ``Mixture`` of the same sources is the run it equals)."""
+        ``StreamingDataLoader``, as users write it (read as the equivalent ``Mixture``, ordered by the run's seed,
+        not the combined dataset's 5: a ``Mixture`` of the same sources is the run it equals)."""
         from lightning_resumable import set_mosaic_environment
 
         root = Path(self.config["out_dir"]).parent
@@ -724,7 +724,7 @@ class PlainData(L.LightningDataModule):
             weights = schedule.weights_at(0)
             datasets = [sharded_source(root, name) for name in names]
             self.train_set = CombinedStreamingDataset(
-                datasets, seed=self.config["seed"], weights=[weights[name] for name in names], iterate_over_all=False
+                datasets, seed=5, weights=[weights[name] for name in names], iterate_over_all=False
             )
             return StreamingDataLoader(self.train_set, batch_size=batch_size, num_workers=workers)
         if "c" in names:

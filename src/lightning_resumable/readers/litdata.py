@@ -25,7 +25,6 @@ import bisect
 import collections
 import copy
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -70,7 +69,9 @@ def recognises(loader: object) -> bool:
 def build(loader: Any, options: BuildOptions) -> Built:
     if isinstance(loader.dataset, CombinedStreamingDataset) and not loader.dataset._iterate_over_all:
         mixture, settings = combined_as_mixture(loader)
-        return mixture_reader.build(DataLoader(mixture, **settings), replace(options, seed=loader.dataset._seed), False)
+        # Keyed by the run's seed, as every loader the library builds: a resume restores the run's seed from
+        # the data state, which seeds each step too (the combined dataset's own seed is LitData's, 42 by default).
+        return mixture_reader.build(DataLoader(mixture, **settings), options, False)
     made = make_litdata_resumable(loader, seed=options.seed, epoch_source=options.epoch_source)
     return Built(made, made)
 
