@@ -25,6 +25,7 @@ __all__ = [
     "StreamPositionError",
     "UnfingerprintableBatchError",
     "UnsupportedLoaderError",
+    "WeightsDisagreementError",
     "WorkerCountChangedError",
     "WorldSizeChangedError",
 ]
@@ -139,3 +140,8 @@ class PendingRestoreError(ResumeError):
 class MixtureError(ResumeError):
     """A `Mixture` or its weights are malformed: a weight that is not a finite non-negative number, none
     positive, a weight for a source the mixture does not hold, a schedule that does not start at 0."""
+
+
+class WeightsDisagreementError(MixtureError):
+    """Ranks set a mixture's weights differently at one call (other weights, another step): training on
+    them would draw a different mixture on each rank. The message shows each rank's."""

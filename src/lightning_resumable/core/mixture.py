@@ -9,7 +9,9 @@ permutation keyed by (seed, the source's name, pass), so within a pass no sample
 skipped, whatever the weights did meanwhile, and a source that runs out starts a fresh pass.
 
 At a weight change the interleave starts afresh from the change: its bounds hold within each
-segment, so a window across a change keeps each part's (`lightning_resumable.core.interleave`).
+segment, so a window across a change keeps each part's (`lightning_resumable.core.interleave`). A
+change comes from the schedule or is set by the training (`MixtureStream.add_change`, at a position
+no loader has read yet); at one position the training's wins.
 """
 
 from __future__ import annotations
@@ -111,6 +113,9 @@ class MixtureStream:
         schedule, clock: where the weights change later (``None``: never), and at which stream positions.
         chunks: each source's chunks, or ``None`` (by place in ``names``; empty: none chunked): a chunked
             source's pass is read window by window (`lightning_resumable.core.chunks`).
+
+    Changes set by the training (`add_change`) merge with the schedule's: the latest change wins, and at
+    one position the training's.
     """
 
     names: tuple[str, ...]
@@ -137,9 +142,15 @@ class MixtureStream:
         self._pass_keys: dict[tuple[int, int], list[int]] = {}
         self._chunked_passes: dict[tuple[int, int], ChunkedPass] = {}
         self.chunks = self.chunks or (None,) * len(self.names)
+        self._online: list[tuple[int, tuple[tuple[str, int], ...], int]] = []  # (position, parts, period)
+        self._online_next = 0  # the first of them not applied yet
+        self._schedule_from(self.changes_after)
+
+    def _schedule_from(self, position: int) -> None:
+        """Read the schedule's changes after ``position`` (those at or before it are applied, or ignored)."""
         self._changes: Iterator[tuple[int, Weights]] = iter(())
         if self.schedule is not None:
-            after = self.clock.point_at(self.changes_after, self.schedule.unit)
+            after = self.clock.point_at(position, self.schedule.unit)
             self._changes = iter(self.schedule.changes_after(after))
         self._next: tuple[int, Weights, int] | None = None  # (position, weights, point) of the next change
         self._advance()
@@ -154,15 +165,51 @@ class MixtureStream:
 
     def extend_to(self, position: int) -> None:
         """Know every segment that starts at or before ``position``."""
-        while self._next is not None and self._next[0] <= position:
-            start, weights, point = self._next
-            assert self.schedule is not None
-            parts, period = realise(weights, self.names, f"at {self.schedule.unit[:-1]} {point}")
-            last = self.segments[-1]
-            if not last.same_weights(parts, period):
-                counts = tuple(sorted(last.counts_at(start).items()))
-                self.segments.append(Segment(start, period, parts, counts))
-            self._advance()
+        while True:
+            online = self._online[self._online_next] if self._online_next < len(self._online) else None
+            if self._next is not None and self._next[0] <= position and (online is None or self._next[0] <= online[0]):
+                start, weights, point = self._next
+                assert self.schedule is not None
+                self._begin(start, *realise(weights, self.names, f"at {self.schedule.unit[:-1]} {point}"))
+                self._advance()
+            elif online is not None and online[0] <= position:
+                self._begin(*online)
+                self._online_next += 1
+            else:
+                return
+
+    def _begin(self, start: int, parts: tuple[tuple[str, int], ...], period: int) -> None:
+        """A segment from ``start`` on, unless the weights are those in force already."""
+        last = self.segments[-1]
+        if not last.same_weights(parts, period):
+            if last.start == start and len(self.segments) > 1:  # the schedule's change, overridden there
+                self.segments.pop()
+                self._lookups.pop(len(self.segments), None)
+                last = self.segments[-1]
+                if last.same_weights(parts, period):
+                    return
+            counts = tuple(sorted(last.counts_at(start).items()))
+            self.segments.append(Segment(start, period, parts, counts))
+
+    def add_change(self, position: int, parts: tuple[tuple[str, int], ...], period: int) -> None:
+        """The weights ``parts / period`` from stream ``position`` on (a change set by the training).
+
+        The segments from ``position`` on are worked out again (the caller makes sure no loader has read
+        there yet); a later change of the schedule still applies at its place.
+        """
+        if position <= self.first.start:
+            raise ValueError(
+                f"a change at stream position {position} is not after this stream's start {self.first.start}"
+            )
+        self.extend_to(position - 1)  # every change before it applied
+        places = [each[0] for each in self._online]
+        at = bisect.bisect_left(places, position)
+        self._online[at : at + (at < len(places) and places[at] == position)] = [(position, parts, period)]
+        while self.segments[-1].start >= position:
+            self.segments.pop()
+            self._lookups.pop(len(self.segments), None)
+        self._online_next = at
+        self._schedule_from(position - 1)
 
     def segment_at(self, position: int) -> Segment:
         """The segment in force at ``position``."""
@@ -202,6 +249,8 @@ class MixtureStream:
     def indices(self, positions: torch.Tensor) -> torch.Tensor:
         """The mixture's index (source offset plus index in the source) at each stream position: each
         draw's place in its pass, permuted by its pass's order, all orders in one vectorised pass."""
+        if positions.numel() == 0:
+            return positions.clone()
         sources, counts = self.draws(positions)
         sizes = self._sizes[sources]
         passes = torch.div(counts, sizes, rounding_mode="floor")

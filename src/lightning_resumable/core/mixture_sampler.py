@@ -140,6 +140,57 @@ class MixtureSampler(ResumableSampler):
     def state_at_start(self, epoch: int, cycle: int) -> DataState:
         return self.data_state().at_start(epoch, cycle, whole_batches(self.draws.length, self.global_batch))
 
+    # ----------------------------------------------------------------- changes set by the training
+    def batch_position(self, batch: int) -> int:
+        """The stream position of the first sample of global batch ``batch`` of the current epoch (the
+        trainer's count: after a restore on another world size, the batches before it in the old size's)."""
+        return self.epoch_start(self.epoch) + self._origin_position + (batch - self._origin_batches) * self.global_batch
+
+    @property
+    def first_batch(self) -> int:
+        """The trainer's count of the first batch this epoch's pass reads (after a restore, the restored one)."""
+        return self._origin_batches
+
+    def _element_at(self, position: int) -> int:
+        """The place in this rank's pass of its first sample at or after stream ``position``."""
+        offset = position - self.epoch_start(self.epoch) - self._origin_position
+        batch, within = divmod(max(0, offset), self.global_batch)
+        own = self.rank * self.batch_size
+        return batch * self.batch_size + min(max(0, within - own), self.batch_size)
+
+    def read_before(self, position: int) -> bool:
+        """Whether this rank's loader has read nothing at or after stream ``position`` yet (its workers
+        and the trainer's prefetch included: what the sampler handed out)."""
+        if self._handed_for != (self.epoch, self._origin_position):
+            return True  # the current epoch's pass has not begun
+        return self._handed_out.count() <= self._element_at(position)
+
+    def change_weights(self, position: int, parts: tuple[tuple[str, int], ...], period: int) -> None:
+        """The weights ``parts / period`` from stream ``position`` on, which this rank has not read yet:
+        the pass's indices computed ahead from there are computed again."""
+        if not self.read_before(position):
+            raise ValueError(f"stream position {position} was read already")
+        self.stream.add_change(position, parts, period)
+        if self._handed_for == (self.epoch, self._origin_position):
+            cut = self._element_at(position)
+            if cut < self._handed_out.end():
+                self._handed_out.cut(cut)
+
+    def window_start(self, position: int, batches: int) -> int:
+        """The first stream position at or after ``position`` (a batch's start, in this epoch or a later
+        one) where a window of ``batches`` batches of its epoch begins, as the trainer counts an epoch's
+        batches from 0 (``accumulate_grad_batches``)."""
+        epoch = self.epoch
+        while position >= self.epoch_start(epoch + 1):
+            epoch += 1
+        start = self.epoch_start(epoch)
+        first = self._origin_batches if epoch == self.epoch else 0  # the trainer's count of its first batch here
+        origin = start + (self._origin_position if epoch == self.epoch else 0)
+        batch = first + -(-(position - origin) // self.global_batch)
+        batch = -(-batch // batches) * batches
+        found = origin + (batch - first) * self.global_batch
+        return found if found < self.epoch_start(epoch + 1) else self.epoch_start(epoch + 1)
+
     # ---------------------------------------------------------------------------- the stream
     def stream_position(self, position: int) -> int:
         """The stream position of ``position`` of the current epoch."""

@@ -38,6 +38,20 @@ class HandedOut:
         before, size, iterator = self._current
         return before + size - operator.length_hint(iterator)
 
+    def end(self) -> int:
+        """The elements of all chunks so far, handed out or not."""
+        before, size, _ = self._current
+        return before + size
+
+    def cut(self, end: int) -> None:
+        """Hand out nothing from the ``end``-th element of the pass on (its chunk was computed before the
+        stream changed there; the pass computes the rest anew). Elements handed out already stay."""
+        before, size, iterator = self._current
+        if not self.count() <= end < before + size:
+            raise ValueError(f"cannot cut the pass at {end}: {self.count()} handed out, {before + size} computed")
+        del self._recent[-1][1][end - before :]  # the current chunk, whose iterator reads on to its new end
+        self._current = (before, end - before, iterator)
+
     def find(self, first: int, size: int) -> list[Any] | None:
         """The ``size`` elements handed out from the ``first``-th on, if a recent chunk holds them all."""
         for before, chunk in self._recent:

@@ -120,6 +120,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         self.cycle = 0
         self._pass_complete = False  # the current pass ran to its end: the next one is the next cycle
         self._handed_out = HandedOut()
+        self._handed_for = (0, 0)  # (epoch, origin position) of the pass _handed_out counts
 
     # ----------------------------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int) -> None:
@@ -197,6 +198,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         else:
             self._start_fresh_pass()
         self._pass_complete, self._handed_out = False, HandedOut()
+        self._handed_for = (self.epoch, self._origin_position)
         stride = self.num_replicas
         start = self._origin_position + self.rank
         stop = start + self._samples_per_rank() * stride
@@ -208,8 +210,9 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
             chunk_stop = min(chunk_start + chunk_size * stride, stop)
             with one_thread():
                 chunk = self._chunk_between(chunk_start, chunk_stop)
-            chunk_start, chunk_size = chunk_stop, min(chunk_size * 4, _CHUNK)
             yield self._handed_out.add(chunk)
+            chunk_start = start + self._handed_out.end() * stride  # before chunk_stop if the chunk was cut
+            chunk_size = min(chunk_size * 4, _CHUNK) if chunk_start == chunk_stop else _FIRST_CHUNK
         self._pass_complete = True
 
     def _chunk_between(self, start: int, stop: int) -> list[Any]:

@@ -1,7 +1,8 @@
 """Audit logs: per rank, the sample ids of every trained step, and the comparison of two runs.
 
 Promise: with ``ResumableDataCallback(audit_dir=...)`` every rank appends one JSON line per trained
-step to ``audit.rank{R}.jsonl`` (``{"epoch", "batch", "ids"}``, flushed at once, so a killed run keeps
+step to ``audit.rank{R}.jsonl`` (``{"epoch", "batch", "ids"}``, and a mixture's ``"weights"`` the step
+was drawn under; flushed at once, so a killed run keeps
 every line it wrote). A resumed run appends to the same files, re-runs of steps after the last
 checkpoint included. `first_divergence` then tells whether two runs (an interrupted one and an
 uninterrupted one, say) trained the same samples at every step, on every rank.
@@ -48,8 +49,10 @@ class AuditLog:
             self._file.write("\n")
             self._file.flush()
 
-    def write(self, epoch: int, batch: int, ids: Any) -> None:
-        self._file.write(json.dumps({"epoch": epoch, "batch": batch, "ids": ids}) + "\n")
+    def write(self, epoch: int, batch: int, ids: Any, weights: Mapping[str, str] | None = None) -> None:
+        """One trained step; a mixture's also with the weights its samples were drawn under (``"3/10"``)."""
+        record = {"epoch": epoch, "batch": batch, "ids": ids, **({"weights": dict(weights)} if weights else {})}
+        self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -110,12 +113,13 @@ def _by_step(rank: int, records: list[dict[str, Any]], name: str) -> tuple[dict[
     ids: dict[tuple[int, int], Any] = {}
     for record in records:
         step = (record["epoch"], record["batch"])
-        if step in ids and ids[step] != record["ids"]:
+        read = record["ids"] if "weights" not in record else {"ids": record["ids"], "weights": record["weights"]}
+        if step in ids and ids[step] != read:
             return ids, (
                 f"rank {rank}, epoch {step[0]}, batch {step[1]}: {name} trained this step twice with other ids"
-                f" ({ids[step]} then {record['ids']})"
+                f" ({ids[step]} then {read})"
             )
-        ids.setdefault(step, record["ids"])
+        ids.setdefault(step, read)
     return ids, None
 
 

@@ -10,6 +10,7 @@ and strings only; nothing derived from the world size.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, ClassVar
@@ -18,7 +19,7 @@ from lightning_resumable.errors import StateFormatError
 from lightning_resumable.format._parsing import Kind, mapping_of, require_keys
 from lightning_resumable.format.loader_state import LoaderState
 
-__all__ = ["MIXTURE", "MixtureRecord", "MixtureState"]
+__all__ = ["MIXTURE", "MixtureRecord", "MixtureState", "WeightChange"]
 
 MIXTURE = "mixture"
 
@@ -29,6 +30,58 @@ def _counts(raw: object, what: str, positive: bool = False) -> dict[str, int]:
         kind = "positive" if positive else "non-negative"
         raise StateFormatError(f"{what} must map source names to {kind} ints: {dict(values)!r:.200}")
     return dict(values)
+
+
+def _weights(raw: object, what: str) -> tuple[int, dict[str, int]]:
+    """Realised weights, ``{"period": n, "parts": {name: part}}``, checked."""
+    raw = mapping_of(raw, what)
+    require_keys(raw, {"period", "parts"}, set(), what)
+    period, parts = raw["period"], _counts(raw["parts"], what, positive=True)
+    if type(period) is not int or not parts or sum(parts.values()) != period:
+        raise StateFormatError(f"{what}: the parts {parts} do not add up to the period {period!r}")
+    return period, parts
+
+
+@dataclass(frozen=True)
+class WeightChange:
+    """A change of a mixture's weights set by the training, as it happened.
+
+    Attributes:
+        asked: the training step (batches, counted as a schedule by steps counts them) at which it was asked.
+        step: the step from which the weights are drawn (after the loaders' read-ahead).
+        position: the stream position of that step's first sample (all ranks together): where it took effect.
+        period, parts: the realised weights, ``parts[name] / period`` (sources drawn only).
+    """
+
+    asked: int
+    step: int
+    position: int
+    period: int
+    parts: dict[str, int]
+
+    def weights(self) -> dict[str, Fraction]:
+        """The realised weight of each source drawn."""
+        return {name: Fraction(part, self.period) for name, part in self.parts.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "asked": self.asked,
+            "step": self.step,
+            "position": self.position,
+            "weights": {"period": self.period, "parts": dict(self.parts)},
+        }
+
+    @classmethod
+    def from_dict(cls, raw: object) -> WeightChange:
+        raw = mapping_of(raw, "a mixture's weight change")
+        require_keys(raw, {"asked", "step", "position", "weights"}, set(), "a mixture's weight change")
+        numbers = (raw["asked"], raw["step"], raw["position"])
+        if not all(type(value) is int and value >= 0 for value in numbers) or raw["step"] <= raw["asked"]:
+            raise StateFormatError(
+                f"a weight change's steps and position must be ints, taking effect after asked: {raw!r:.200}"
+            )
+        period, parts = _weights(raw["weights"], "a weight change's weights")
+        return cls(raw["asked"], raw["step"], raw["position"], period, parts)
 
 
 @dataclass(frozen=True)
@@ -44,6 +97,10 @@ class MixtureRecord:
         sizes: every known source's size, a removed one's too.
         chunks: the chunk layout (`lightning_resumable.core.chunks.Chunks.digest`) of every known source
             read chunk by chunk, by name (a source absent is read by a global permutation).
+        changes: every change of the weights the training set, in the order they take effect (those
+            after the save too: asked before it, they take effect on a resume as in the run).
+        scheduled: with changes, the weights the schedule gave at the save, ``(period, parts)``: a resume
+            whose schedule gives others there changes the weights there (else the ones in force go on).
     """
 
     epoch_start: int
@@ -54,6 +111,8 @@ class MixtureRecord:
     counts: dict[str, int]
     sizes: dict[str, int]
     chunks: dict[str, str] = field(default_factory=dict)
+    changes: tuple[WeightChange, ...] = ()
+    scheduled: tuple[int, dict[str, int]] | None = None
 
     def weights(self) -> dict[str, Fraction]:
         return {name: Fraction(part, self.period) for name, part in self.parts.items()}
@@ -66,12 +125,19 @@ class MixtureRecord:
             "counts": dict(self.counts),
             "sizes": dict(self.sizes),
             **({"chunks": dict(self.chunks)} if self.chunks else {}),
+            **({"changes": [change.to_dict() for change in self.changes]} if self.changes else {}),
+            **(
+                {"scheduled": {"period": self.scheduled[0], "parts": dict(self.scheduled[1])}}
+                if self.scheduled is not None
+                else {}
+            ),
         }
 
     @classmethod
     def from_dict(cls, raw: object) -> MixtureRecord:
         raw = mapping_of(raw, "a mixture's record")
-        require_keys(raw, {"epoch_start", "steps", "segment", "counts", "sizes"}, {"chunks"}, "a mixture's record")
+        optional = {"chunks", "changes", "scheduled"}
+        require_keys(raw, {"epoch_start", "steps", "segment", "counts", "sizes"}, optional, "a mixture's record")
         segment = mapping_of(raw["segment"], "a mixture's segment")
         require_keys(segment, {"start", "period", "parts"}, set(), "a mixture's segment")
         numbers = (raw["epoch_start"], raw["steps"], segment["start"], segment["period"])
@@ -90,7 +156,34 @@ class MixtureRecord:
         chunks = dict(mapping_of(raw.get("chunks", {}), "a mixture's chunks"))
         if not all(isinstance(value, str) for value in chunks.values()) or not set(chunks) <= set(sizes):
             raise StateFormatError(f"a mixture's chunks must map known sources to their layouts: {chunks!r:.200}")
-        return cls(raw["epoch_start"], raw["steps"], segment["start"], segment["period"], parts, counts, sizes, chunks)
+        changes = tuple(
+            WeightChange.from_dict(each) for each in _list_of(raw.get("changes", []), "a mixture's changes")
+        )
+        if any(before.position >= after.position for before, after in itertools.pairwise(changes)):
+            raise StateFormatError(
+                f"a mixture's weight changes are not in the order they take effect: {raw['changes']!r:.200}"
+            )
+        if any(not set(change.parts) <= set(sizes) for change in changes):
+            raise StateFormatError("a mixture's weight change names a source the record does not know")
+        scheduled = _weights(raw["scheduled"], "a mixture's scheduled weights") if "scheduled" in raw else None
+        return cls(
+            raw["epoch_start"],
+            raw["steps"],
+            segment["start"],
+            segment["period"],
+            parts,
+            counts,
+            sizes,
+            chunks,
+            changes,
+            scheduled,
+        )
+
+
+def _list_of(raw: object, what: str) -> list[Any]:
+    if not isinstance(raw, list):
+        raise StateFormatError(f"{what} must be a list, got {type(raw).__name__}")
+    return raw
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,17 @@ its first pass; a source no longer in the mixture keeps its count and size in ev
 continue its pass if it comes back. A source whose size changed, another ``samples_per_epoch`` or
 ``shuffle``, is refused, naming it. The first batch after a resume is verified as the checkpoint's
 weights would have drawn it (the data must not have changed); the new weights draw from there on.
+
+Weights set by the training (`MixtureOwner.change`) take effect after the loader's read-ahead, at a
+position no rank has read yet; each change is recorded in every later state, and a change asked
+before a save that takes effect after it does so on the resume too. Weights in force that the
+training set go on at a resume unless the schedule's weights there differ from those at the save
+(the config changed: then the schedule's, as above).
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import lightning.pytorch as pl
@@ -22,8 +29,9 @@ from torch.utils.data import DataLoader
 from lightning_resumable.core.mixture import MixtureStream, Segment, realise
 from lightning_resumable.core.mixture_sampler import MixtureSampler
 from lightning_resumable.core.schedule import StepClock
-from lightning_resumable.errors import IncompatibleStateError
+from lightning_resumable.errors import IncompatibleStateError, MixtureError
 from lightning_resumable.format.envelope import LoaderState, MixtureRecord, MixtureState
+from lightning_resumable.format.mixture_state import WeightChange
 from lightning_resumable.lightning.owners import LoaderOwner, Owner
 from lightning_resumable.lightning.progress import SavePoint
 from lightning_resumable.lightning.world_size import WorldSizePolicy
@@ -44,6 +52,9 @@ class MixtureOwner(Owner[MixtureState]):
         self.sizes = dict(zip(self.mixture.names, self.mixture.sizes, strict=True))  # removed sources' too
         self.chunks = {name: chunks.digest() for name, chunks in self.mixture.chunks.items()}  # likewise
         self.verified: MixtureStream | None = None  # what the first batch is verified with, if not the training stream
+        self.changes: list[WeightChange] = []  # the weights the training set, in the order they take effect
+        self.training_at: int | None = None  # the stream position of the batch in training (or last trained)
+        self.training_batch: int | None = None  # and its number in the current epoch (the trainer's count)
 
     @property
     def first_sampler(self) -> MixtureSampler:
@@ -68,8 +79,10 @@ class MixtureOwner(Owner[MixtureState]):
         parts, period = realise(
             schedule.weights_at(point), self.mixture.names, f"at the resume ({schedule.unit} {point})"
         )
-        self.verified = None
-        if history.same_weights(parts, period):
+        self.verified, self.changes, self.training_at = None, list(record.changes), None
+        self.training_batch = None
+        scheduled = record.scheduled or (record.period, record.parts)  # what the schedule said at the save
+        if (period, dict(parts)) == scheduled or history.same_weights(parts, period):
             training = self.sampler.make_stream(history, clock, position)
         else:
             counts = tuple(sorted(history.counts_at(position).items()))
@@ -80,6 +93,11 @@ class MixtureOwner(Owner[MixtureState]):
             )
             if all(name in self.mixture.names for name, _ in history.parts):
                 self.verified = self.sampler.make_stream(history, clock, position, scheduled=False)
+        for change in self.changes:  # asked before the save, taking effect after it
+            if change.position > position:
+                for stream in (training, self.verified):
+                    if stream is not None:
+                        stream.add_change(change.position, tuple(sorted(change.parts.items())), change.period)
         self.sampler.start_at(state.epoch, record.epoch_start, training)
         self.one.restore(saved.loader, epoch, verify, world_size_policy)
         if training.first is not history:  # the first batch the loader produces is drawn with the new weights
@@ -130,6 +148,13 @@ class MixtureOwner(Owner[MixtureState]):
         epoch_start = self.sampler.epoch_start(state.epoch)
         position = epoch_start + state.position
         segment = stream.segment_at(position)
+        scheduled = None
+        if self.changes:
+            schedule = self.mixture.schedule
+            parts, period = realise(
+                schedule.weights_at(stream.clock.point_at(position, schedule.unit)), self.mixture.names, ""
+            )
+            scheduled = (period, dict(parts))
         record = MixtureRecord(
             epoch_start=epoch_start,
             steps=stream.clock.point_at(position, "steps"),
@@ -139,8 +164,63 @@ class MixtureOwner(Owner[MixtureState]):
             counts=dict(segment.counts),
             sizes=dict(self.sizes),
             chunks=dict(self.chunks),
+            changes=tuple(self.changes),
+            scheduled=scheduled,
         )
         return MixtureState(loader, record)
+
+    # ------------------------------------------------------------- weights set by the training
+    def batch_started(self, batch: int) -> None:
+        """The trainer begins batch ``batch`` of the current epoch (its count)."""
+        self.training_at, self.training_batch = self.sampler.batch_position(batch), batch
+
+    def plan_change(
+        self, weights: Any, at_step: int | None, read_ahead: int, accumulate: int
+    ) -> tuple[WeightChange, bool]:
+        """The change ``weights`` asked now would be, and whether this rank has read nothing where it takes effect.
+
+        It is asked at the step in training (or the last trained; before this fit's first, that one) and
+        takes effect ``read_ahead + 1`` steps later, at the start of the next accumulation window of
+        ``accumulate`` batches from there; or at ``at_step``, which may not be earlier.
+
+        Raises:
+            MixtureError: malformed weights; an ``at_step`` within the read-ahead.
+        """
+        sampler, clock = self.sampler, self.sampler.stream.clock
+        asked_at = self.training_at if self.training_at is not None else sampler.batch_position(sampler.first_batch)
+        asked = clock.point_at(asked_at, "steps")
+        parts, period = realise(weights, self.mixture.names, f"set at step {asked}")
+        position = sampler.window_start(clock.position_of(asked + 1 + read_ahead, "steps"), accumulate)
+        if at_step is not None:
+            if type(at_step) is not int or at_step < asked + 1 + read_ahead:
+                raise MixtureError(
+                    f"weights asked at step {asked} can take effect at step {asked + 1 + read_ahead} at the earliest"
+                    f" (the loader reads {read_ahead} batches ahead), not at_step={at_step!r}"
+                )
+            position = clock.position_of(at_step, "steps")
+        change = WeightChange(asked, clock.point_at(position, "steps"), position, period, dict(parts))
+        return change, sampler.read_before(position)
+
+    def change(self, change: WeightChange) -> None:
+        """Draw ``change``'s weights from its position on, and record it."""
+        before = self.sampler.stream.segment_at(change.position - 1).weights()
+        self.sampler.change_weights(change.position, tuple(sorted(change.parts.items())), change.period)
+        self.changes = [each for each in self.changes if each.position < change.position] + [change]
+        rank_zero_info(
+            f"lightning_resumable: the mixture's weights asked at step {change.asked} take effect at step"
+            f" {change.step} (stream position {change.position:,}): {_shown(before)} -> {_shown(change.weights())}"
+        )
+
+    def weights_of(self, batch: int) -> dict[str, str]:
+        """The weights this rank's batch ``batch`` of the current epoch was drawn under (at its first sample)."""
+        position = self.sampler.batch_position(batch) + self.sampler.rank * self.sampler.batch_size
+        return {
+            name: str(weight) for name, weight in sorted(self.sampler.stream.segment_at(position).weights().items())
+        }
+
+    def sources_of(self, batch: int) -> list[int]:
+        """The source (its place in the mixture's names) of each sample of this rank's batch ``batch``."""
+        return [bisect.bisect_right(self.mixture.offsets, index) - 1 for index in self.sampler.batch_indices(batch)]
 
     @property
     def rebuild_now(self) -> bool:  # type: ignore[override]  # the loader owner's
