@@ -37,7 +37,7 @@ def fork_server() -> ForkServer:
 Records = dict[int, list[dict[str, Any]]]
 """Per rank, the completed training steps in order: epoch, batch index, sample ids, augmentation
 values and loss."""
-FIELDS = ("epoch", "batch", "ids", "aug", "loss", "level")
+FIELDS = ("epoch", "batch", "ids", "aug", "loss", "level", "weights", "asked", "changes")
 WITH_PARAMETERS = (*FIELDS, "params")
 """The fields and the parameters' digest after each step (recorded on one and two processes, where they are
 bit for bit): the workflow matrix compares them too, so the last step's update is compared as well."""
@@ -82,6 +82,8 @@ class Scenario:
     ``strategy`` is ``ddp``, ``model_parallel`` (``ModelParallelStrategy``, FSDP2's ``fully_shard`` in
     ``configure_model``, a full checkpoint) or ``model_parallel_sharded`` (the same with a distributed,
     sharded checkpoint: a directory).
+    ``online_mixing``: every so many batches of an epoch the training sets the mixture's weights from each
+    source's mean loss (`train.reweighted`); ``online_in_validation`` also sets them in every validation.
     """
 
     world_size: int
@@ -128,6 +130,8 @@ class Scenario:
     limit_train_batches: int | None = None
     manual_optimization: bool = False
     val_loader: str = "plain"
+    online_mixing: int = 0
+    online_in_validation: bool = False
 
     @property
     def batches_per_epoch(self) -> int:

@@ -463,6 +463,12 @@ class StepRecorder(L.Callback):
         }
         if self.config.get("curriculum"):
             record["level"] = batch[1][:, 0].floor_divide(10).int().tolist()
+        if self.config.get("online_mixing"):  # the weights the step was drawn under, and a change it asked
+            data = ResumableDataCallback.of(trainer)
+            owner = data._owner  # the library's count of the epoch's batch (Lightning's may run on across resumes)
+            record["weights"] = owner.weights_of(owner.training_batch)  # type: ignore[union-attr]
+            record["asked"] = pl_module.__dict__.pop("asked_change", None)
+            record["changes"] = len(data.weight_changes())
         if self.config["world_size"] <= 2:  # bit for bit there: the parameters after the step
             record["params"] = parameters_digest(pl_module)
         self.recorder.write(record)
@@ -485,6 +491,11 @@ class StepRecorder(L.Callback):
                 "epoch": trainer.current_epoch,
                 "batches": self.val_batches,
                 "val_loss": None if loss is None else loss.item(),
+                **(
+                    {"asked": pl_module.__dict__.pop("validation_change", None)}
+                    if self.config.get("online_in_validation")
+                    else {}
+                ),
             }
         )
 
@@ -537,6 +548,8 @@ class Model(L.LightningModule):
                 raise KeyboardInterrupt  # as Ctrl-C in this step, on every rank
         if self.config.get("hang_rank") == self.global_rank:  # a hung rank, for the harness's timeout test
             hang_forever()
+        if self.config.get("online_mixing"):
+            return self.online_mixing_step(batch, batch_idx)
         parts = list(batch.values()) if isinstance(batch, dict) else [batch]
         loss: torch.Tensor = sum(self.net(part[1]).pow(2).mean() for part in parts if part is not None)  # type: ignore[assignment]
         if not self.automatic_optimization:  # the user's own optimizer calls
@@ -545,6 +558,36 @@ class Model(L.LightningModule):
             self.manual_backward(loss)
             optimizer.step()  # type: ignore[union-attr]
         return loss
+
+    def online_mixing_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        """A DoReMi-style reweighting from the training's own losses: every ``online_mixing`` batches of an
+        epoch, the mixture's weights take an exponentiated-gradient step from each source's mean loss over
+        the global batch (all-reduced, so every rank sets the same weights)."""
+        per_sample = self.net(batch[1]).pow(2).mean(dim=1)
+        every = self.config["online_mixing"]
+        if batch_idx % every == every - 1:
+            data = ResumableDataCallback.of(self.trainer)
+            sums, counts = data.batch_sources().totals(per_sample.detach().double())
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.all_reduce(sums)
+                torch.distributed.all_reduce(counts)
+            first = dict(self.config["mixture_weights"][0][1])
+            self.asked_change = data.set_mixture_weights(reweighted(data, first, sums, counts)).to_dict()
+        return per_sample.mean()
+
+    def on_validation_epoch_end(self) -> None:
+        """With ``online_in_validation``, a change of weights asked during each validation of the fit."""
+        if (
+            self.config.get("online_in_validation")
+            and not self.trainer.sanity_checking
+            and self.trainer.state.fn == "fit"
+        ):
+            data = ResumableDataCallback.of(self.trainer)
+            turn = len(data.weight_changes()) % 3
+            weights = {
+                name: 1.0 + (place == turn) * 3 for place, (name, _) in enumerate(self.config["mixture_sources"])
+            }
+            self.validation_change = data.set_mixture_weights(weights).to_dict()
 
     def on_train_epoch_end(self) -> None:
         if self.config.get("curriculum"):
@@ -571,6 +614,21 @@ class Model(L.LightningModule):
         total = int(self.trainer.estimated_stepping_batches)
         scheduler = torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def reweighted(
+    data: ResumableDataCallback, first: dict[str, float], sums: torch.Tensor, counts: torch.Tensor
+) -> dict[str, float]:
+    """An exponentiated-gradient step (step size 1) of the newest weights from each source's mean loss,
+    smoothed with 10% of the uniform weights (a source absent from the batch keeps its weight)."""
+    sources = data.batch_sources().names
+    changes = data.weight_changes()
+    current: dict[str, Any] = dict(changes[-1].weights()) if changes else first
+    weights = torch.tensor([float(current.get(name, 0)) for name in sources], dtype=torch.float64)
+    means = torch.where(counts > 0, sums / counts.clamp(min=1), torch.zeros_like(sums))
+    weights = weights * torch.exp(means)
+    weights = 0.9 * weights / weights.sum() + 0.1 / len(sources)
+    return dict(zip(sources, weights.tolist(), strict=True))
 
 
 def weights_of(size: int) -> list[float]:
@@ -858,11 +916,16 @@ class StopAt(L.Callback):
 class ExtraSaves(L.Callback):
     """Saves a checkpoint every ``every`` optimizer steps, as a cautious user does; it must change nothing."""
 
-    def __init__(self, every: int, path: Path) -> None:
+    def __init__(self, every: int, path: Path, at_window_ends: bool = False) -> None:
         self.every, self.path = every, path
+        self.at_window_ends = at_window_ends  # once per optimizer step, at its window's end (a kill resumes there)
+        self.saved_at = 0
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.at_window_ends and trainer.global_step == self.saved_at:
+            return
         if trainer.global_step % self.every == 0:
+            self.saved_at = trainer.global_step
             trainer.save_checkpoint(self.path)
             # What this rank had recorded at the save (`StepRecorder` runs first): a leg killed later resumes here.
             recorder = next(each for each in trainer.callbacks if isinstance(each, StepRecorder))  # type: ignore[attr-defined]
@@ -905,7 +968,10 @@ def main(config_path: str) -> None:
         datamodule = PlainData(config)
         callbacks.append(SetStreamEpoch())
     if config.get("extra_saves_every") and config["phase"] != "full":
-        callbacks.append(ExtraSaves(config["extra_saves_every"], Path(config["out_dir"]) / "extra.ckpt"))
+        at_window_ends = bool(config.get("online_mixing"))
+        callbacks.append(
+            ExtraSaves(config["extra_saves_every"], Path(config["out_dir"]) / "extra.ckpt", at_window_ends)
+        )
     if config["phase"] == "stop" or config.get("leg", {}).get("kind") in STOP_KINDS:
         callbacks.append(StopAt(config))
     if config.get("on_exception_checkpoint"):  # a preemption's SIGTERM becomes an exception; save there

@@ -47,7 +47,8 @@ class WeightChange:
     """A change of a mixture's weights set by the training, as it happened.
 
     Attributes:
-        asked: the training step (batches, counted as a schedule by steps counts them) at which it was asked.
+        asked: the training step (batches, counted as a schedule by steps counts them) at which it was asked
+            (in training, or the last trained: ``-1`` before the run's first).
         step: the step from which the weights are drawn (after the loaders' read-ahead).
         position: the stream position of that step's first sample (all ranks together): where it took effect.
         period, parts: the realised weights, ``parts[name] / period`` (sources drawn only).
@@ -75,8 +76,9 @@ class WeightChange:
     def from_dict(cls, raw: object) -> WeightChange:
         raw = mapping_of(raw, "a mixture's weight change")
         require_keys(raw, {"asked", "step", "position", "weights"}, set(), "a mixture's weight change")
-        numbers = (raw["asked"], raw["step"], raw["position"])
-        if not all(type(value) is int and value >= 0 for value in numbers) or raw["step"] <= raw["asked"]:
+        asked, step, position = raw["asked"], raw["step"], raw["position"]
+        ints = all(type(value) is int for value in (asked, step, position))
+        if not ints or asked < -1 or position < 0 or step <= asked:  # asked before the run's first step: -1
             raise StateFormatError(
                 f"a weight change's steps and position must be ints, taking effect after asked: {raw!r:.200}"
             )

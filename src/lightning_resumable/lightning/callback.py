@@ -363,6 +363,10 @@ class ResumableDataCallback(pl.Callback):
         change, ready = owner.plan_change(weights, at_step, ahead, trainer.accumulate_grad_batches)
         agree_on(trainer, change, ready, owner.mixture.names, ahead)
         owner.change(change)
+        batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
+        if self._captured is not None and self._captured[0] == (trainer.current_epoch, batches):
+            self._captured = None  # a preemption's state, taken at this batch's end: it records the change too
+            self._capture(trainer)
         return change
 
     def weight_changes(self) -> tuple[WeightChange, ...]:

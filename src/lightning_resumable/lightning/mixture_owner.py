@@ -179,7 +179,7 @@ class MixtureOwner(Owner[MixtureState]):
     ) -> tuple[WeightChange, bool]:
         """The change ``weights`` asked now would be, and whether this rank has read nothing where it takes effect.
 
-        It is asked at the step in training (or the last trained; before this fit's first, that one) and
+        It is asked at the step in training (or the last trained, ``-1`` before the run's first) and
         takes effect ``read_ahead + 1`` steps later, at the start of the next accumulation window of
         ``accumulate`` batches from there; or at ``at_step``, which may not be earlier.
 
@@ -187,8 +187,10 @@ class MixtureOwner(Owner[MixtureState]):
             MixtureError: malformed weights; an ``at_step`` within the read-ahead.
         """
         sampler, clock = self.sampler, self.sampler.stream.clock
-        asked_at = self.training_at if self.training_at is not None else sampler.batch_position(sampler.first_batch)
-        asked = clock.point_at(asked_at, "steps")
+        if self.training_at is not None:
+            asked = clock.point_at(self.training_at, "steps")
+        else:  # before this fit's first batch (a validation a resume runs first, say): after the last trained
+            asked = clock.point_at(sampler.batch_position(sampler.first_batch), "steps") - 1
         parts, period = realise(weights, self.mixture.names, f"set at step {asked}")
         position = sampler.window_start(clock.position_of(asked + 1 + read_ahead, "steps"), accumulate)
         if at_step is not None:
