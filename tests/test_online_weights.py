@@ -206,3 +206,88 @@ def test_the_sources_of_a_batch_are_those_the_sampler_handed_out() -> None:
     for batch in range(3):
         names = [owner.mixture.names[place] for place in owner.sources_of(batch)]
         assert names == [name for name, _ in drawn(owner.sampler, keys[batch * 4 : batch * 4 + 4])]
+
+
+def test_inspect_shows_the_history_and_which_change_is_pending(tmp_path: Any) -> None:
+    from lightning_resumable.tools.summary import render, summarise
+
+    owner = fresh(mixture(OLD, samples_per_epoch=120))
+    owner.batch_started(0)
+    owner.change(owner.plan_change(NEW, None, read_ahead=1, accumulate=1)[0])  # asked at 0, from step 2
+    owner.batch_started(2)
+    owner.change(owner.plan_change(LATER, None, read_ahead=1, accumulate=1)[0])  # asked at 2, from step 4
+    list(iter(owner.sampler))
+    state = save(owner, 3)
+    envelope = {"format": 1, "kind": "mixture", "keys": 1, "state": state.to_dict()}
+    lines = [" ".join(line.split()) for line in render(tmp_path / "x.ckpt", summarise(envelope)).splitlines()]
+    assert "weights set by the training 2 changes (asked at step -> drawn from step)" in lines
+    assert "change 1 step 0 -> 2: books 0.75, code 0.125, web 0.125" in lines
+    assert "change 2 step 2 -> 4: books 0.5, code 0.5 (pending: asked before the save, drawn from after it)" in lines
+
+
+# ------------------------------------------------------------------------------- agreement across ranks
+class _Strategy:
+    """A stand-in for a DDP strategy whose ``all_gather`` returns what each rank sent (this rank's, then the others')."""
+
+    root_device = torch.device("cpu")
+
+    def __init__(self, others: list[list[int]]) -> None:
+        self.others = others
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch.stack([tensor, *(torch.tensor(row) for row in self.others)])
+
+
+class _Trainer:
+    def __init__(self, others: list[list[int]]) -> None:
+        self.strategy = _Strategy(others)
+
+
+def _row(change: WeightChange, ready: bool, names: tuple[str, ...]) -> list[int]:
+    return [
+        change.asked,
+        change.step,
+        change.position,
+        int(ready),
+        change.period,
+        *(change.parts.get(n, 0) for n in names),
+    ]
+
+
+def test_ranks_that_set_other_weights_or_at_another_step_are_refused_on_every_rank() -> None:
+    from lightning_resumable.errors import WeightsDisagreementError
+    from lightning_resumable.lightning.online_weights import agree_on
+
+    names = ("books", "code", "web")
+    change = WeightChange(4, 6, 48, 8, {"books": 6, "code": 1, "web": 1})
+    agree_on(_Trainer([_row(change, True, names)]), change, True, names, 1)  # the same: agreed
+    other_weights = WeightChange(4, 6, 48, 8, {"books": 5, "code": 2, "web": 1})
+    with pytest.raises(
+        WeightsDisagreementError, match=r"rank 1: asked at step 4, from step 6, \{books: 5/8, code: 2/8"
+    ):
+        agree_on(_Trainer([_row(other_weights, True, names)]), change, True, names, 1)
+    other_step = WeightChange(5, 7, 56, 8, {"books": 6, "code": 1, "web": 1})
+    with pytest.raises(WeightsDisagreementError, match="rank 1: asked at step 5"):
+        agree_on(_Trainer([_row(other_step, True, names)]), change, True, names, 1)
+    with pytest.raises(MixtureError, match=r"rank\(s\) \[1\] read stream position 48"):
+        agree_on(_Trainer([_row(change, False, names)]), change, True, names, 1)
+
+
+def test_the_read_ahead_counts_each_worker_s_prefetch_and_the_trainer_s_batch() -> None:
+    from torch.utils.data import DataLoader
+
+    from lightning_resumable.lightning.online_weights import read_ahead
+
+    data = list(range(8))
+    assert read_ahead(DataLoader(data)) == 1
+    assert read_ahead(DataLoader(data, num_workers=2)) == 5
+    assert read_ahead(DataLoader(data, num_workers=3, prefetch_factor=4)) == 13
+
+
+def test_setting_weights_without_a_mixture_is_refused() -> None:
+    from lightning_resumable import ResumableDataCallback
+
+    with pytest.raises(MixtureError, match="needs a fit whose train_dataloader"):
+        ResumableDataCallback().set_mixture_weights({"web": 1})
+    with pytest.raises(MixtureError, match="needs a batch in training"):
+        ResumableDataCallback().batch_sources()

@@ -106,6 +106,15 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
     elastic = elastic and scenario.strategy == "ddp" and scenario.accumulate == 1 and not scenario.callback_options
     if elastic and scenario.limit_train_batches is None and draw.random() < 0.6:
         scenario = replace(scenario, resume_world_size=3 - scenario.world_size)  # 2 -> 1 or 1 -> 2 (docs: elastic)
+    # Issue 37: weights the training sets from its per-source losses (and in validations), drawn apart so every
+    # other draw stays each seed's; the salt keeps the fixed mixture seeds (1, 3, 9, 116022219) as they were.
+    # Without a change of the weights or the workers at the resume (a change's step is a function of the
+    # read-ahead); a mixture is not drawn elastic here (the one-process resume: test_online_mixing.py).
+    online = random.Random(seed * 104729 + 19)
+    if data == "mixture" and online.random() < 0.5 and not scenario.manual_optimization:
+        both = {"online_mixing": online.choice((2, 3)), "online_in_validation": online.random() < 0.5}
+        scenario = replace(scenario, resume_mixture_weights=None, resume_num_workers=None, **both)  # type: ignore[arg-type]
+        reference = replace(scenario, resume_mixture_sources=None)
     return scenario, reference
 
 
@@ -139,8 +148,8 @@ def draw_chain(seed: int) -> tuple[Scenario, list[Leg]]:
         kinds.remove("extend")  # OPEN (soak of issue 35): a stream's finished fit extended after a resume
         if scenario.world_size > 1:
             kinds.remove("interrupt")
-    if scenario.extra_saves_every and scenario.accumulate == 1:
-        kinds.append("kill")
+    if scenario.extra_saves_every and (scenario.accumulate == 1 or scenario.online_mixing):
+        kinds.append("kill")  # (with accumulation the online runs save once per optimizer step, at its end)
     if scenario.sampler == "bucketing":  # epochs of different lengths: no leg at an epoch's end
         kinds = [kind for kind in kinds if kind not in ("last_batch", "extend")]
     steps = [(epoch, batch) for epoch in range(scenario.epochs) for batch in range(per_epoch)]
@@ -161,10 +170,12 @@ def draw_chain(seed: int) -> tuple[Scenario, list[Leg]]:
             continue
         index = draw.choice(places[:8])
         epoch, batch = steps[index]
-        workers = scenario.num_workers if scenario.data == "stream" else draw.choice((0, 1, 2, 3))
+        keep_workers = scenario.data == "stream" or scenario.online_mixing  # the read-ahead sets a change's step
+        workers = scenario.num_workers if keep_workers else draw.choice((0, 1, 2, 3))
         legs.append(Leg(kind, epoch, batch if kind != "extend" else -1, workers))
         cursor = (epoch + 1) * per_epoch if kind in ("extend", "last_batch") else index + 1
-    legs.append(Leg("end", num_workers=scenario.num_workers if scenario.data == "stream" else draw.choice((0, 1, 2))))
+    keep_workers = scenario.data == "stream" or scenario.online_mixing
+    legs.append(Leg("end", num_workers=scenario.num_workers if keep_workers else draw.choice((0, 1, 2))))
     return scenario, legs
 
 

@@ -136,6 +136,10 @@ def _mixture_summary(parsed: MixtureState, versions: Any) -> dict[str, Any]:
         weights_since=record.segment_start,
         sources=sources,
     )
+    if record.changes:  # the weights the training set: each change, and whether it is in force, past or pending
+        summary["loaders"]["train"]["weight_changes"] = [
+            {**change.to_dict(), "pending": change.position > position} for change in record.changes
+        ]
     return summary
 
 
@@ -218,6 +222,14 @@ def _mixture_rows(name: str, loader: Mapping[str, Any]) -> list[tuple[str, str]]
         read = f"{weight}, pass {where['pass']}, {where['position']:,} of {where['size']:,} read"
         chunked = f"; chunk by chunk (chunks x window: {where['chunks']})" if "chunks" in where else ""
         rows.append((f"source {source!r}", read + chunked))
+    changes = loader.get("weight_changes", [])
+    if changes:
+        rows.append(("weights set by the training", f"{len(changes)} changes (asked at step -> drawn from step)"))
+    for number, change in enumerate(changes, start=1):
+        parts, period = change["weights"]["parts"], change["weights"]["period"]
+        weights = ", ".join(f"{name} {part / period:.4g}" for name, part in sorted(parts.items()))
+        pending = " (pending: asked before the save, drawn from after it)" if change["pending"] else ""
+        rows.append((f"  change {number}", f"step {change['asked']} -> {change['step']}: {weights}{pending}"))
     return rows
 
 
