@@ -227,7 +227,7 @@ def test_inspect_shows_the_history_and_which_change_is_pending(tmp_path: Any) ->
 
 # ------------------------------------------------------------------------------- agreement across ranks
 class _Strategy:
-    """A stand-in for a DDP strategy whose ``all_gather`` returns what each rank sent (this rank's, then the others')."""
+    """A stand-in for a DDP strategy: ``all_gather`` returns what each rank sent (this rank's, then the others')."""
 
     root_device = torch.device("cpu")
 

@@ -8,6 +8,7 @@ from importlib import import_module
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
+from lightning_resumable.core.batch_sources import BatchSources
 from lightning_resumable.core.batches import ResumableBatchSampler
 from lightning_resumable.core.chunks import Chunked
 from lightning_resumable.core.mixture import Mixture
@@ -34,9 +35,11 @@ from lightning_resumable.errors import (
     StreamPositionError,
     UnfingerprintableBatchError,
     UnsupportedLoaderError,
+    WeightsDisagreementError,
     WorkerCountChangedError,
     WorldSizeChangedError,
 )
+from lightning_resumable.format.mixture_state import WeightChange
 from lightning_resumable.format.state import DataState
 from lightning_resumable.readers.contract import PassThroughWrapper
 from lightning_resumable.readers.mosaic_environment import set_mosaic_environment
@@ -60,6 +63,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "BatchSources",
     "Chunked",
     "ContractViolationError",
     "DataState",
@@ -89,7 +93,9 @@ __all__ = [
     "StreamPositionError",
     "UnfingerprintableBatchError",
     "UnsupportedLoaderError",
+    "WeightChange",
     "WeightSchedule",
+    "WeightsDisagreementError",
     "WorkerCountChangedError",
     "WorldSizeChangedError",
     "sample_rng",
