@@ -191,16 +191,22 @@ class MixtureStream:
             counts = tuple(sorted(last.counts_at(start).items()))
             self.segments.append(Segment(start, period, parts, counts))
 
+    def forget_before(self, position: int) -> None:
+        """Drop the segments that end at or before ``position``, which will not be read again (weights set
+        every step would otherwise keep one segment a step for the whole run)."""
+        keep = bisect.bisect_right([each.start for each in self.segments], position) - 1
+        if keep > 0:
+            del self.segments[:keep]
+            self._lookups.clear()
+
     def add_change(self, position: int, parts: tuple[tuple[str, int], ...], period: int) -> None:
         """The weights ``parts / period`` from stream ``position`` on (a change set by the training).
 
         The segments from ``position`` on are worked out again (the caller makes sure no loader has read
         there yet); a later change of the schedule still applies at its place.
         """
-        if position <= self.first.start:
-            raise ValueError(
-                f"a change at stream position {position} is not after this stream's start {self.first.start}"
-            )
+        if position <= self.segments[0].start:
+            raise ValueError(f"a change at stream position {position} is not after the stream's known start")
         self.extend_to(position - 1)  # every change before it applied
         places = [each[0] for each in self._online]
         at = bisect.bisect_left(places, position)
@@ -220,8 +226,8 @@ class MixtureStream:
         """The source (its place in ``names``) of each stream position, and that source's count before it."""
         if positions.numel() == 0:
             return positions.clone(), positions.clone()
-        if int(positions.min()) < self.first.start:
-            raise ValueError(f"stream positions before {self.first.start} are not this stream's")
+        if int(positions.min()) < self.segments[0].start:
+            raise ValueError(f"stream positions before {self.segments[0].start} are not this stream's (any longer)")
         self.extend_to(int(positions.max()))
         if len(self.segments) == 1 or int(positions.min()) >= self.segments[-1].start:
             return self._draws_in(len(self.segments) - 1, positions)

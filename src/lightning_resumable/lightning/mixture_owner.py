@@ -207,6 +207,8 @@ class MixtureOwner(Owner[MixtureState]):
         """Draw ``change``'s weights from its position on, and record it."""
         before = self.sampler.stream.segment_at(change.position - 1).weights()
         self.sampler.change_weights(change.position, tuple(sorted(change.parts.items())), change.period)
+        if self.training_at is not None:  # nothing before the batch in training is read again
+            self.sampler.stream.forget_before(self.training_at)
         self.changes = [each for each in self.changes if each.position < change.position] + [change]
         rank_zero_info(
             f"lightning_resumable: the mixture's weights asked at step {change.asked} take effect at step"
