@@ -65,6 +65,7 @@ class WeightChange:
         return {name: Fraction(part, self.period) for name, part in self.parts.items()}
 
     def to_dict(self) -> dict[str, Any]:
+        """The change as the checkpoint holds it (plain ints and strings)."""
         return {
             "asked": self.asked,
             "step": self.step,
@@ -74,6 +75,12 @@ class WeightChange:
 
     @classmethod
     def from_dict(cls, raw: object) -> WeightChange:
+        """A change as the checkpoint holds it, checked.
+
+        Raises:
+            StateFormatError: it is not one (steps not ints, taking effect before it was asked, weights that do
+                not add up to their period).
+        """
         raw = mapping_of(raw, "a mixture's weight change")
         require_keys(raw, {"asked", "step", "position", "weights"}, set(), "a mixture's weight change")
         asked, step, position = raw["asked"], raw["step"], raw["position"]
