@@ -16,13 +16,18 @@ import torch
 from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset, get_worker_info
 
-from lightning_resumable import ResumableDataCallback, ResumableDataModule
+from lightning_resumable import Mixture, ResumableDataCallback, ResumableDataModule
 from lightning_resumable.core.interleave import realised_parts
-from lightning_resumable.core.mixture import source_key
+from lightning_resumable.core.mixture_sampler import MixtureSampler
+from lightning_resumable.core.mixture_stream import source_key
 from lightning_resumable.core.order import EpochOrder
 from lightning_resumable.core.verification import digest_of
 from lightning_resumable.format._keys import mixture_pass_seed
+from lightning_resumable.format.envelope import MixtureState, parse
+from lightning_resumable.lightning.mixture_owner import MixtureOwner
+from lightning_resumable.lightning.progress import SavePoint
 from lightning_resumable.readers.base import StreamReader
+from lightning_resumable.readers.build import BuildOptions, build_resumable
 from lightning_resumable.readers.streams import StreamLoader, make_stream_resumable
 
 __all__ = [
@@ -274,3 +279,55 @@ def replayed_mixture(
             drawn.append((name, order.index_at(count % size)))
             counts[name] += 1
     return drawn[:length]
+
+
+# ------------------------------------------------------------------------ mixtures, on one process
+SEED = 11
+SIZES = {"web": 13, "code": 7, "books": 5}
+
+
+def mixture(weights: Any, sizes: dict[str, int] = SIZES, **options: Any) -> Mixture:
+    return Mixture({name: list(range(size)) for name, size in sizes.items()}, weights, **options)
+
+
+def owner_for(mix: Mixture, world_size: int = 1, rank: int = 0, batch_size: int = 4) -> MixtureOwner:
+    built = build_resumable(DataLoader(mix, batch_size=batch_size), BuildOptions(SEED, world_size, rank))
+    assert built.mixture is not None
+    return MixtureOwner(built.loader)
+
+
+def drawn(sampler: MixtureSampler, keys: list[Any]) -> list[tuple[str, int]]:
+    return [sampler.mixture.locate(index) for index, _ in keys]
+
+
+def in_stream_order(per_rank: list[list[Any]], batch_size: int) -> list[Any]:
+    """What ranks read, in stream order: each global batch is rank 0's batch, then rank 1's, ..."""
+    steps = len(per_rank[0]) // batch_size
+    return [
+        draw for step in range(steps) for rank in per_rank for draw in rank[step * batch_size : (step + 1) * batch_size]
+    ]
+
+
+def read_epochs(owner: MixtureOwner, epochs: int) -> list[tuple[str, int]]:
+    """On one process: the rest of the current epoch, then ``epochs - 1`` more, as (source, index) draws."""
+    sampler, found = owner.sampler, []
+    for number in range(epochs):
+        if number:
+            sampler.set_epoch(sampler.epoch + 1)
+        found += drawn(sampler, list(iter(sampler)))
+    return found
+
+
+def save(owner: MixtureOwner, batches: int) -> MixtureState:
+    sampler = owner.sampler
+    at = SavePoint(SEED, sampler.epoch, batches, False, False, 0, sampler.num_replicas, False, False)
+    saved = owner.save(at)
+    parsed = parse({"format": 1, "kind": "mixture", "keys": 1, "state": saved.to_dict()}).state  # as a checkpoint
+    assert isinstance(parsed, MixtureState) and parsed == saved
+    return parsed
+
+
+def resumed(mix: Mixture, saved: MixtureState, world_size: int = 1) -> MixtureOwner:
+    owner = owner_for(mix, world_size)
+    owner.restore(saved, saved.loader.state.epoch, False, lambda *arguments: None)
+    return owner

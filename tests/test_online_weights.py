@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from lightning_resumable import Mixture, WeightSchedule
 from lightning_resumable.core.batch_sources import BatchSources
-from lightning_resumable.core.mixture import realise
+from lightning_resumable.core.mixture_stream import realise
 from lightning_resumable.errors import MixtureError, StateFormatError
 from lightning_resumable.format.mixture_state import MixtureRecord, WeightChange
 from lightning_resumable.lightning.mixture_owner import MixtureOwner
 
-from .test_mixture import SIZES, drawn, mixture, owner_for, read_epochs, resumed, save
+from .helpers import SIZES, drawn, mixture, owner_for, read_epochs, resumed, save
 
 OLD, NEW, LATER = (
     {"web": 5, "code": 3, "books": 2},

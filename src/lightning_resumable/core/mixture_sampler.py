@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from lightning_resumable.core.draws import Draws
-from lightning_resumable.core.mixture import Mixture, MixtureStream, Segment, realise
+from lightning_resumable.core.mixture import Mixture
+from lightning_resumable.core.mixture_stream import MixtureStream, Segment, realise
 from lightning_resumable.core.randomness import sample_seeds
 from lightning_resumable.core.sampler import ResumableSampler
 from lightning_resumable.core.schedule import StepClock
@@ -161,7 +162,7 @@ class MixtureSampler(ResumableSampler):
     def read_before(self, position: int) -> bool:
         """Whether this rank's loader has read nothing at or after stream ``position`` yet (its workers
         and the trainer's prefetch included: what the sampler handed out)."""
-        if self._handed_for != (self.epoch, self._origin_position):
+        if self._handed_out.of != (self.epoch, self._origin_position):
             return True  # the current epoch's pass has not begun
         return self._handed_out.count() <= self._element_at(position)
 
@@ -171,7 +172,7 @@ class MixtureSampler(ResumableSampler):
         if not self.read_before(position):
             raise ValueError(f"stream position {position} was read already")
         self.stream.add_change(position, parts, period)
-        if self._handed_for == (self.epoch, self._origin_position):
+        if self._handed_out.of == (self.epoch, self._origin_position):
             cut = self._element_at(position)
             if cut < self._handed_out.end():
                 self._handed_out.cut(cut)

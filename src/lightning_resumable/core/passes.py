@@ -22,7 +22,8 @@ class HandedOut:
     last chunks (what the trainer trains now was handed out in one of them: workers prefetch only a
     few batches). A pass has its own: a copy of the sampler (a peek) keeps the old one's."""
 
-    def __init__(self) -> None:
+    def __init__(self, of: tuple[int, int] | None = None) -> None:
+        self.of = of  # (epoch, origin position) of the pass, if it has begun
         self._current: tuple[int, int, Iterator[Any]] = (0, 0, iter(()))  # handed out before it, size, iterator
         self._recent: collections.deque[tuple[int, list[Any]]] = collections.deque(maxlen=3)
 

@@ -120,7 +120,6 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         self.cycle = 0
         self._pass_complete = False  # the current pass ran to its end: the next one is the next cycle
         self._handed_out = HandedOut()
-        self._handed_for = (0, 0)  # (epoch, origin position) of the pass _handed_out counts
 
     # ----------------------------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int) -> None:
@@ -197,10 +196,8 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
             self._next_pass()  # a restart within the epoch
         else:
             self._start_fresh_pass()
-        self._pass_complete, self._handed_out = False, HandedOut()
-        self._handed_for = (self.epoch, self._origin_position)
-        stride = self.num_replicas
-        start = self._origin_position + self.rank
+        self._pass_complete, self._handed_out = False, HandedOut((self.epoch, self._origin_position))
+        stride, start = self.num_replicas, self._origin_position + self.rank
         stop = start + self._samples_per_rank() * stride
         if stop <= start:
             self._pass_complete = True

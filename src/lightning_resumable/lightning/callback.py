@@ -14,23 +14,18 @@ import random
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from lightning_resumable.core.batch_sources import BatchSources
 from lightning_resumable.core.randomness import global_generators_kept, seed_training_step
 from lightning_resumable.core.sampler import ResumableSampler
-from lightning_resumable.core.schedule import Weights
 from lightning_resumable.errors import (
     LateRestoreError,
     MissingCallbackError,
     MissingStateError,
-    MixtureError,
 )
 from lightning_resumable.format.audit import AuditLog
 from lightning_resumable.format.envelope import STATE_KEY, Body, Envelope, parse
-from lightning_resumable.format.mixture_state import WeightChange
 from lightning_resumable.internals._lightning import (
     batches_processed,
     rebuild_train_loader,
@@ -41,8 +36,7 @@ from lightning_resumable.internals._loop_progress import (
     ended_epoch_resumes_on_another_world_size,
     loops_resume_where_the_data_does,
 )
-from lightning_resumable.lightning.mixture_owner import MixtureOwner
-from lightning_resumable.lightning.online_weights import agree_on, read_ahead
+from lightning_resumable.lightning.online_weights import MixtureWeights
 from lightning_resumable.lightning.progress import (
     BatchCount,
     SavePoint,
@@ -58,7 +52,7 @@ from lightning_resumable.lightning.world_size import check_world_size
 __all__ = ["ResumableDataCallback"]
 
 
-class ResumableDataCallback(pl.Callback):
+class ResumableDataCallback(MixtureWeights, pl.Callback):
     """Makes a resumed run continue as if never interrupted: same batches, same content, same steps.
 
     On save it records the train input's global state (seed, epoch, samples consumed by all ranks,
@@ -293,10 +287,9 @@ class ResumableDataCallback(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        batch_idx = self._batches.at_batch_start(trainer.current_epoch, batch_idx)
         if self._owner is not None:
             self._owner.check_first_batch()  # a stream's resumed batch, before it trains
-        batch_idx = self._batches.at_batch_start(trainer.current_epoch, batch_idx)
-        if isinstance(self._owner, MixtureOwner):
             self._owner.batch_started(batch_idx)
         if self.seed_steps and self._seed is not None:
             seed_training_step(self._seed, trainer.current_epoch, batch_idx)
@@ -306,11 +299,9 @@ class ResumableDataCallback(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.audit_dir is not None and self._owner is not None:
-            if self._audit is None:
-                self._audit = AuditLog(self.audit_dir, trainer.global_rank)
+            self._audit = self._audit or AuditLog(self.audit_dir, trainer.global_rank)
             epoch_batch_idx = self._batches.of(trainer.current_epoch, batch_idx)
-            weights = self._owner.weights_of(epoch_batch_idx) if isinstance(self._owner, MixtureOwner) else None
-            ids = self._owner.trained_ids(batch, epoch_batch_idx)
+            ids, weights = self._owner.trained_ids(batch, epoch_batch_idx), self._owner.weights_of(epoch_batch_idx)
             self._audit.write(trainer.current_epoch, epoch_batch_idx, ids, weights)
         if self._owner is not None:  # every rank is here, at the same batch
             batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
@@ -318,79 +309,6 @@ class ResumableDataCallback(pl.Callback):
             self._preemption.act(trainer, boundary, lambda: self._capture(trainer))
             if self.seed_steps and self._seed is not None:
                 seed_training_step(self._seed, trainer.current_epoch, batches - 1, ended=True)
-
-    # ------------------------------------------------------------- a mixture's weights, set by the training
-    @classmethod
-    def of(cls, trainer: pl.Trainer) -> ResumableDataCallback:
-        """The trainer's `ResumableDataCallback`: ``ResumableDataCallback.of(self.trainer)`` in a ``LightningModule``.
-
-        Raises:
-            MissingCallbackError: the trainer has none.
-        """
-        found = [callback for callback in trainer.callbacks if isinstance(callback, cls)]  # type: ignore[attr-defined]
-        if not found:
-            raise MissingCallbackError("the trainer has no ResumableDataCallback: add it to Trainer(callbacks=[...])")
-        return found[0]
-
-    def set_mixture_weights(self, weights: Weights, *, at_step: int | None = None) -> WeightChange:
-        """Draw the train `Mixture` with ``weights`` from a later step on, exactly across resumes.
-
-        Call it **on every rank, with the same weights, at the same step** (from ``training_step``,
-        ``on_train_batch_end``, a callback, or during validation): it is a collective, as
-        ``self.log(..., sync_dist=True)`` is, and ranks that ask for different weights or at different
-        steps are refused with `WeightsDisagreementError` rather than train on different mixtures.
-        Weights computed from losses all-reduced across ranks agree.
-
-        The loader has read ahead: ``num_workers * prefetch_factor`` batches in its workers and one
-        more for the trainer (``read_ahead``). A change asked at step ``s`` (the batch in training, or
-        the last trained one, as a schedule by steps counts them) takes effect at step
-        ``s + 1 + read_ahead``, at the start of the next ``accumulate_grad_batches`` window from there;
-        or at ``at_step``, not earlier. Every change is recorded in the checkpoint: a resume continues
-        with the weights in force, and one asked before a save that takes effect after it does so.
-
-        Returns:
-            the change, as recorded: the step asked at, the step and stream position it takes effect, the weights.
-
-        Raises:
-            MixtureError: the train input is not a `Mixture`, weights malformed as the `Mixture` refuses
-                them, or an ``at_step`` within the read-ahead.
-            WeightsDisagreementError: the ranks asked for different weights, or at different steps.
-        """
-        trainer, owner = self._trainer, self._owner
-        if trainer is None or not isinstance(owner, MixtureOwner):
-            raise MixtureError("set_mixture_weights needs a fit whose train_dataloader() returns a Mixture's loader")
-        ahead = read_ahead(owner.one.owned.loader)
-        change, ready = owner.plan_change(weights, at_step, ahead, trainer.accumulate_grad_batches)
-        agree_on(trainer, change, ready, owner.mixture.names, ahead)
-        owner.change(change)
-        batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
-        if self._captured is not None and self._captured[0] == (trainer.current_epoch, batches):
-            self._captured = None  # a preemption's state, taken at this batch's end: it records the change too
-            self._capture(trainer)
-        return change
-
-    def weight_changes(self) -> tuple[WeightChange, ...]:
-        """Every change of the train `Mixture`'s weights the training set in this run, resumes included, in
-        the order they take effect (the last one's weights are the newest asked, in force or pending).
-
-        Raises:
-            MixtureError: the train input is not a `Mixture`.
-        """
-        if not isinstance(self._owner, MixtureOwner):
-            raise MixtureError("weight_changes needs a fit whose train_dataloader() returns a Mixture's loader")
-        return tuple(self._owner.changes)
-
-    def batch_sources(self) -> BatchSources:
-        """The source of each sample of this rank's batch in training (or the last trained), looked up
-        from its stream positions: a per-source loss is ``sources.means(per_sample_loss)``.
-
-        Raises:
-            MixtureError: the train input is not a `Mixture`, or no batch has been trained yet in this fit.
-        """
-        owner = self._owner
-        if not isinstance(owner, MixtureOwner) or owner.training_batch is None:
-            raise MixtureError("batch_sources needs a batch in training from a Mixture's loader")
-        return BatchSources(owner.mixture.names, torch.tensor(owner.sources_of(owner.training_batch), dtype=torch.long))
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -26,8 +26,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from lightning_resumable.core.mixture import MixtureStream, Segment, realise
 from lightning_resumable.core.mixture_sampler import MixtureSampler
+from lightning_resumable.core.mixture_stream import MixtureStream, Segment, realise
 from lightning_resumable.core.schedule import StepClock
 from lightning_resumable.errors import IncompatibleStateError, MixtureError
 from lightning_resumable.format.envelope import LoaderState, MixtureRecord, MixtureState

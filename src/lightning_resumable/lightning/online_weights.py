@@ -6,15 +6,20 @@ refused on every rank (never trained on some ranks and not others).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 import lightning.pytorch as pl
 import torch
 
-from lightning_resumable.errors import MixtureError, WeightsDisagreementError
+from lightning_resumable.core.batch_sources import BatchSources
+from lightning_resumable.core.schedule import Weights
+from lightning_resumable.errors import MissingCallbackError, MixtureError, WeightsDisagreementError
 from lightning_resumable.format.mixture_state import WeightChange
+from lightning_resumable.internals._lightning import batches_processed
+from lightning_resumable.lightning.mixture_owner import MixtureOwner
+from lightning_resumable.lightning.progress import BatchCount
 
-__all__ = ["agree_on", "read_ahead"]
+__all__ = ["MixtureWeights", "agree_on", "read_ahead"]
 
 TRAINER_PREFETCH = 1
 """Batches the trainer may hold beyond the one in training (Lightning's fetcher prefetches one for a
@@ -59,3 +64,87 @@ def agree_on(trainer: pl.Trainer, change: WeightChange, ready: bool, names: tupl
 
 def _weights(names: tuple[str, ...], parts: list[int], period: int) -> str:
     return "{" + ", ".join(f"{name}: {part}/{period}" for name, part in zip(names, parts, strict=True) if part) + "}"
+
+
+class MixtureWeights:
+    """`ResumableDataCallback`'s part for a train `Mixture`'s weights set by the training: the call, the history,
+    and each sample's source."""
+
+    _trainer: pl.Trainer | None
+    _owner: Any
+    _captured: Any
+    _batches: BatchCount
+
+    def _capture(self, trainer: pl.Trainer, collective: bool = True) -> None: ...  # the callback's
+
+    @classmethod
+    def of(cls, trainer: pl.Trainer) -> Self:
+        """The trainer's `ResumableDataCallback`: ``ResumableDataCallback.of(self.trainer)`` in a ``LightningModule``.
+
+        Raises:
+            MissingCallbackError: the trainer has none.
+        """
+        found = [callback for callback in trainer.callbacks if isinstance(callback, cls)]  # type: ignore[attr-defined]
+        if not found:
+            raise MissingCallbackError("the trainer has no ResumableDataCallback: add it to Trainer(callbacks=[...])")
+        return found[0]
+
+    def set_mixture_weights(self, weights: Weights, *, at_step: int | None = None) -> WeightChange:
+        """Draw the train `Mixture` with ``weights`` from a later step on, exactly across resumes.
+
+        Call it **on every rank, with the same weights, at the same step** (from ``training_step``,
+        ``on_train_batch_end``, a callback, or during validation): it is a collective, as
+        ``self.log(..., sync_dist=True)`` is, and ranks that ask for different weights or at different
+        steps are refused with `WeightsDisagreementError` rather than train on different mixtures.
+        Weights computed from losses all-reduced across ranks agree.
+
+        The loader has read ahead: ``num_workers * prefetch_factor`` batches in its workers and one
+        more for the trainer (``read_ahead``). A change asked at step ``s`` (the batch in training, or
+        the last trained one, as a schedule by steps counts them) takes effect at step
+        ``s + 1 + read_ahead``, at the start of the next ``accumulate_grad_batches`` window from there;
+        or at ``at_step``, not earlier. Every change is recorded in the checkpoint: a resume continues
+        with the weights in force, and one asked before a save that takes effect after it does so.
+
+        Returns:
+            the change, as recorded: the step asked at, the step and stream position it takes effect, the weights.
+
+        Raises:
+            MixtureError: the train input is not a `Mixture`, weights malformed as the `Mixture` refuses
+                them, or an ``at_step`` within the read-ahead.
+            WeightsDisagreementError: the ranks asked for different weights, or at different steps.
+        """
+        trainer, owner = self._trainer, self._owner
+        if trainer is None or not isinstance(owner, MixtureOwner):
+            raise MixtureError("set_mixture_weights needs a fit whose train_dataloader() returns a Mixture's loader")
+        ahead = read_ahead(owner.one.owned.loader)
+        change, ready = owner.plan_change(weights, at_step, ahead, trainer.accumulate_grad_batches)
+        agree_on(trainer, change, ready, owner.mixture.names, ahead)
+        owner.change(change)
+        batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
+        if self._captured is not None and self._captured[0] == (trainer.current_epoch, batches):
+            self._captured = None  # a preemption's state, taken at this batch's end: it records the change too
+            self._capture(trainer)
+        return change
+
+    def weight_changes(self) -> tuple[WeightChange, ...]:
+        """Every change of the train `Mixture`'s weights the training set in this run, resumes included, in
+        the order they take effect (the last one's weights are the newest asked, in force or pending).
+
+        Raises:
+            MixtureError: the train input is not a `Mixture`.
+        """
+        if not isinstance(self._owner, MixtureOwner):
+            raise MixtureError("weight_changes needs a fit whose train_dataloader() returns a Mixture's loader")
+        return tuple(self._owner.changes)
+
+    def batch_sources(self) -> BatchSources:
+        """The source of each sample of this rank's batch in training (or the last trained), looked up
+        from its stream positions: a per-source loss is ``sources.means(per_sample_loss)``.
+
+        Raises:
+            MixtureError: the train input is not a `Mixture`, or no batch has been trained yet in this fit.
+        """
+        owner = self._owner
+        if not isinstance(owner, MixtureOwner) or owner.training_batch is None:
+            raise MixtureError("batch_sources needs a batch in training from a Mixture's loader")
+        return BatchSources(owner.mixture.names, torch.tensor(owner.sources_of(owner.training_batch), dtype=torch.long))

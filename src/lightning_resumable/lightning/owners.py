@@ -109,6 +109,14 @@ class Owner(ABC, Generic[S]):
     def trained_ids(self, batch: Any, batch_idx: int) -> Any:
         """What the audit log records of a trained step."""
 
+    def batch_started(self, batch: int) -> None:
+        """The trainer begins batch ``batch`` of the current epoch (the library's count)."""
+        return None
+
+    def weights_of(self, batch: int) -> dict[str, str] | None:
+        """The weights batch ``batch`` of the current epoch was drawn under (a mixture's), for the audit log."""
+        return None
+
     def rebuild_at_epoch_end(self, epoch: int) -> bool:
         """Whether the train loader must be built again before the next epoch (its length changes)."""
         return False

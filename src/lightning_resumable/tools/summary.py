@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from lightning_resumable.core.mixture import Segment
+from lightning_resumable.core.mixture_stream import Segment
 from lightning_resumable.errors import MissingStateError
 from lightning_resumable.format.envelope import (
     LOADERS,
