@@ -83,7 +83,8 @@ class Scenario:
     ``configure_model``, a full checkpoint) or ``model_parallel_sharded`` (the same with a distributed,
     sharded checkpoint: a directory).
     ``online_mixing``: every so many batches of an epoch the training sets the mixture's weights from each
-    source's mean loss (`train.reweighted`); ``online_in_validation`` also sets them in every validation.
+    source's mean loss (`train.reweighted`); ``online_in_validation`` also sets them in every validation;
+    ``online_disagree`` makes rank 1 ask for other weights than rank 0.
     """
 
     world_size: int
@@ -132,6 +133,7 @@ class Scenario:
     val_loader: str = "plain"
     online_mixing: int = 0
     online_in_validation: bool = False
+    online_disagree: bool = False
 
     @property
     def batches_per_epoch(self) -> int:

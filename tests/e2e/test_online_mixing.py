@@ -22,7 +22,7 @@ import pytest
 
 from . import processes
 from .chains import Leg
-from .harness import RUN_TIMEOUT_S, Runner, Scenario, stream_order
+from .harness import RUN_TIMEOUT_S, Runner, Scenario, run_phase, stream_order
 from .matrix import chain_problems
 
 ONLINE = Scenario(
@@ -73,6 +73,16 @@ def test_a_resume_on_one_process_keeps_the_history_and_a_pending_change(runner: 
     compared = first_new["position"]
     assert compared > pending[-1]["position"]
     assert interrupted[:compared] == expected[:compared]
+
+
+def test_ranks_that_set_other_weights_are_refused_on_every_rank(runner: Runner, tmp_path: Path) -> None:
+    """Rank 1 reweights from other losses than rank 0 (as from its own batch's, not all-reduced): every rank
+    stops with WeightsDisagreementError at the first change, none trains on a mixture of its own."""
+    scenario = replace(ONLINE, online_disagree=True, online_in_validation=False, accumulate=1, extra_saves_every=0)
+    records = run_phase(scenario, "full", tmp_path, tmp_path / "unused.ckpt", expect_failure=True)
+    log = (tmp_path / "full.log").read_text()
+    assert log.count("WeightsDisagreementError: the ranks set the mixture's weights differently") >= 2, log[-3000:]
+    assert all(len(steps) == 2 for steps in records.values()), "no rank trained past the step that asked"
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "online_mixing.py"

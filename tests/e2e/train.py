@@ -572,7 +572,10 @@ class Model(L.LightningModule):
                 torch.distributed.all_reduce(sums)
                 torch.distributed.all_reduce(counts)
             first = dict(self.config["mixture_weights"][0][1])
-            self.asked_change = data.set_mixture_weights(reweighted(data, first, sums, counts)).to_dict()
+            weights = reweighted(data, first, sums, counts)
+            if self.config.get("online_disagree") and self.global_rank == 1:  # local losses, not all-reduced ones
+                weights = {name: weight * (1 + place) for place, (name, weight) in enumerate(sorted(weights.items()))}
+            self.asked_change = data.set_mixture_weights(weights).to_dict()
         return per_sample.mean()
 
     def on_validation_epoch_end(self) -> None:
