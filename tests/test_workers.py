@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_resumable.readers import workers
+from lightning_resumable.readers import quiet_fork, workers
 from lightning_resumable.readers.workers import WorkerSafeDataLoader, worker_safe
 
 
@@ -54,7 +54,7 @@ def test_a_new_pass_retires_the_previous_one_before_forking(build: Any) -> None:
 
 def test_the_warning_on_an_affected_python_comes_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workers, "_warned", False)
-    monkeypatch.setattr(workers, "FORK_DEADLOCK_FIXED_IN", (99, 0, 0))
+    monkeypatch.setattr(quiet_fork, "FORK_DEADLOCK_FIXED_IN", (99, 0, 0))
     loader = WorkerSafeDataLoader(data(), batch_size=4, num_workers=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -62,7 +62,7 @@ def test_the_warning_on_an_affected_python_comes_once(monkeypatch: pytest.Monkey
             list(loader)
     assert len([w for w in caught if "gh-112275" in str(w.message)]) == 1
     monkeypatch.setattr(workers, "_warned", False)
-    monkeypatch.setattr(workers, "FORK_DEADLOCK_FIXED_IN", (3, 0, 0))
+    monkeypatch.setattr(quiet_fork, "FORK_DEADLOCK_FIXED_IN", (3, 0, 0))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         list(loader)

@@ -144,9 +144,11 @@ def wait_tree(process: subprocess.Popen[bytes], timeout: float, what: str, stack
         return process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         members = living_members(process.pid)
-        native = native_stacks(
-            members
-        )  # first: a process stuck before Python's after-fork hooks writes no Python stack
+        # First: a process stuck before Python's after-fork hooks writes no Python stack. Kept in a file too,
+        # since a test runner may cut the message short.
+        native = native_stacks(members)
+        native_path = stacks_dir / "native-stacks.txt"
+        native_path.write_text(native)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, STACK_SIGNAL)
         _wait_for_stacks(stacks_dir, len(members))
@@ -154,7 +156,7 @@ def wait_tree(process: subprocess.Popen[bytes], timeout: float, what: str, stack
         log = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
         raise AssertionError(
             f"{what} hung for {timeout:.0f} s; its whole process tree was killed. Each process's Python stack:\n"
-            f"{_stacks(stacks_dir)}\n--- native stacks ---\n{native}\n--- log tail ---\n{log}"
+            f"{_stacks(stacks_dir)}\n--- native stacks (also in {native_path}) ---\n{native}\n--- log tail ---\n{log}"
         ) from None
     finally:
         kill_tree(process)

@@ -13,8 +13,10 @@ feeder threads, so none of them is ending during the fork. It also joins the fee
 other iterator of its loaders that has already shut down: a ``CombinedLoader`` ends one loader's
 pass while another goes on, and the first one's threads end while the next loader forks.
 The fork itself runs with the garbage collector paused, so no finaliser closes another iterator's
-queues meanwhile. On an affected CPython the first such fork warns once, on rank 0, because a
-user's own loaders (a validation loader with workers) are not guarded.
+queues meanwhile, and only once no native thread runs: a gloo thread entering Python after a
+collective is the other way into that lock (`lightning_resumable.readers.quiet_fork`). On an affected
+CPython the first such fork warns once, on rank 0, because a user's own loaders (a validation loader
+with workers) are not guarded.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from lightning_resumable.internals._torch import (
     set_iterator_factory,
     uses_worker_processes,
 )
+from lightning_resumable.readers.quiet_fork import FORK_DEADLOCK_FIXED_IN, affected_python, guarded_forks
 from lightning_resumable.readers.worker_signals import LeaveSigtermToRank
 
 __all__ = [
@@ -56,8 +59,6 @@ __all__ = [
     "worker_safe",
 ]
 
-FORK_DEADLOCK_FIXED_IN = (3, 11, 10)
-"""The first CPython 3.11 release with the fix of gh-112275 (3.12 and later never had the bug)."""
 _JOIN_TIMEOUT_S = 30.0
 """A feeder thread ends within microseconds of its queue's close; this bound only keeps a broken
 queue from hanging the rank here instead."""
@@ -83,9 +84,10 @@ def garbage_collector_paused() -> Iterator[None]:
 def forking(make: Callable[[], Any]) -> Iterator[Any]:
     """``make()``, an iterator that forks workers, made once no thread of an ended pass is ending: the
     feeder threads of every shut-down iterator of the library's loaders are joined first, and no
-    collection runs during the fork. The new iterator is registered for the next fork."""
+    collection runs during the fork, which waits for the native threads to sleep (`guarded_forks`).
+    The new iterator is registered for the next fork."""
     retire_ended()
-    with garbage_collector_paused():
+    with garbage_collector_paused(), guarded_forks():
         iterator = make()
     yield iterator
     if uses_worker_processes(iterator):  # its threads end when its pass does
@@ -120,14 +122,15 @@ def forks_workers(loader: DataLoader[Any]) -> bool:
 def warn_once_on_affected_python(loader: DataLoader[Any]) -> None:
     """Warn once per process, on rank 0, when ``loader`` is about to fork workers on an affected CPython."""
     global _warned
-    if _warned or sys.version_info[:3] >= FORK_DEADLOCK_FIXED_IN or not forks_workers(loader):
+    if _warned or not affected_python() or not forks_workers(loader):
         return
     _warned = True
     version = ".".join(str(part) for part in sys.version_info[:3])
     rank_zero_warn(
         f"lightning_resumable: CPython {version} can deadlock a forked loader worker when another thread is"
         " starting or ending during the fork (CPython gh-112275, fixed in 3.11.10 and 3.12). The train loaders"
-        " of this library retire their previous workers and threads before forking; loaders of your own with"
+        " of this library retire their previous workers and threads before forking, and fork while no native"
+        " thread runs; loaders of your own with"
         " num_workers > 0 (validation, test) are not guarded. Upgrade Python, or use"
         " multiprocessing_context='forkserver' for those loaders",
         category=RuntimeWarning,
