@@ -5,7 +5,8 @@ a table; it exits 1 if a bound is missed. CI runs ``--quick`` (about 10 s). The 
 purpose (a factor of several from what this machine measures), so that they catch a regression of the
 design, an O(N) restore or a per-sample cost that grew, not the noise of a shared machine.
 
-- a restore at 10^9 samples, from ``load_state_dict`` to the first batch: under 50 ms;
+- a restore at 10^9 samples, from ``load_state_dict`` to the first batch: under 50 ms; of a mixture
+  of 8 sources with the longest period: under 150 ms;
 - per-sample seeding of the three global generators, as a worker does: under 25 µs a sample (this VM
   measures 10-12 µs, of which ``random.seed`` alone is about 7 µs; the derivation is frozen, so that
   cost stays: the bound catches a design regression such as ``torch.manual_seed``, 100 times slower);
@@ -123,7 +124,10 @@ def main() -> int:
             restore_ms("mixture-longest-period"),
             "ms",
             "<",
-            50.0,
+            # Nearly all of it is building the period's table (16,384 offsets in a Python loop), which this
+            # VM has run in 16 ms (2026-12-02) and in 37-44 ms (2026-12-04, the same code, idle), 51 ms with
+            # the cores shared: 50 ms failed CI. A replay of 10^9 samples, the regression to catch, takes seconds.
+            150.0,
         ),
         (
             "a mixture at 10^7 / a plain dataset (fresh)",

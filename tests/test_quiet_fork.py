@@ -9,11 +9,18 @@ import os
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_resumable import ResumableDataCallback
 from lightning_resumable.readers import quiet_fork
 from lightning_resumable.readers.quiet_fork import guarded_forks, running_native_threads
+from lightning_resumable.readers.workers import WorkerSafeDataLoader, retire_previous
+
+from .helpers import Data, Model, trainer
 
 
 class FakeTasks:
@@ -112,11 +119,6 @@ def test_real_forks_inside_the_block_run_the_hook(monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.skipif(not quiet_fork.affected_python(), reason="the hook is installed on an affected CPython only")
 def test_the_library_s_loaders_fork_their_workers_inside_the_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-    from torch.utils.data import TensorDataset
-
-    from lightning_resumable.readers.workers import WorkerSafeDataLoader, retire_previous
-
     calls: list[int] = []
     wait = quiet_fork.running_native_threads
     monkeypatch.setattr(quiet_fork, "running_native_threads", lambda: (calls.append(1), wait())[1])
@@ -126,3 +128,43 @@ def test_the_library_s_loaders_fork_their_workers_inside_the_block(monkeypatch: 
         assert len(list(loader)) == 2
     retire_previous(loader)
     assert len(calls) >= 2, "each of the 2 workers' forks waited for quiet native threads"
+
+
+class Validated(Data):
+    """A validation loader of the user's own, with a worker: Lightning forks it during the fit."""
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(TensorDataset(torch.arange(4).float().unsqueeze(1)), batch_size=2, num_workers=1)
+
+
+@pytest.mark.skipif(not quiet_fork.affected_python(), reason="the hook is installed on an affected CPython only")
+@pytest.mark.parametrize("fails", [False, True])
+def test_during_a_fit_with_the_callback_every_fork_is_guarded_and_after_it_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: bool
+) -> None:
+    looked: list[str] = []
+    wait = quiet_fork.running_native_threads
+    monkeypatch.setattr(quiet_fork, "running_native_threads", lambda: (looked.append("fork"), wait())[1])
+
+    class Validating(Model):
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            looked.append("validation")
+            if fails:
+                raise RuntimeError("a failing validation")
+
+    run = trainer(tmp_path, [ResumableDataCallback()], num_sanity_val_steps=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if fails:
+            with pytest.raises(RuntimeError, match="a failing validation"):
+                run.fit(Validating(), datamodule=Validated(size=8))
+        else:
+            run.fit(Validating(), datamodule=Validated(size=8))
+    assert "validation" in looked, looked
+    assert "fork" in looked[: looked.index("validation")], (
+        "the validation worker's fork waited for quiet native threads"
+    )
+    assert quiet_fork._guarding == 0, "the guard ends with the fit"
+    looked.clear()
+    list(DataLoader(torch.arange(4), num_workers=1))
+    assert looked == [], "a fork after the fit does not wait"

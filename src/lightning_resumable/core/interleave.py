@@ -15,8 +15,8 @@ Mathematics 32, 1980). At offset ``t`` the ``c``-th turn of source ``i`` may be 
 ``n_i (t + 1) / D - c >= 1/(2k - 2)`` and is due by ``(c + 1 - 1/(2k - 2)) D / n_i``; of the turns
 that may be taken, the earliest due goes first (ties to the earlier source). Every count returns to
 ``n_i`` at offset ``D``, so the sequence repeats with period ``D``. Integer arithmetic only: the same
-table on every platform. Each period's table is built once per process (under 20 ms for the largest,
-``MAX_PERIOD`` with 8 sources) and kept.
+table on every platform. Each period's table is built once per process (16 to 44 ms for the largest,
+``MAX_PERIOD`` with 8 sources, on this project's 2-core VM) and kept.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ from lightning_resumable.lightning.progress import (
 from lightning_resumable.lightning.signals import HeldPreemption
 from lightning_resumable.lightning.train_input import TrainOwner
 from lightning_resumable.lightning.world_size import check_world_size
+from lightning_resumable.readers.quiet_fork import ForkGuard
 
 __all__ = ["ResumableDataCallback"]
 
@@ -127,6 +128,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         self._preemption = HeldPreemption()
         self._started = False  # training of this fit has started: the loader's position is in use
         self._captured: tuple[tuple[int, int], dict[str, Any]] | None = None  # (epoch, batches), the envelope
+        self._forks = ForkGuard()  # every fork waits for quiet native threads, from the fit's setup to its end
 
     def __getstate__(self) -> dict[str, Any]:
         """A pickled callback (``torch.save(trainer)``) carries its options and seed; what it holds for the
@@ -134,7 +136,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         left behind, as a new process has none of it."""
         state = self.__dict__.copy()
         state.update(_audit=None, _trainer=None, _owner=None, _batches=BatchCount(), _preemption=HeldPreemption())
-        state.update(_started=False, _captured=None)
+        state.update(_started=False, _captured=None, _forks=ForkGuard())
         return state
 
     @property
@@ -189,6 +191,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
             # Each fit builds its train loader anew (a second fit on the same trainer too): forget the last one's.
             self._owner, self._pending, self._batches = None, None, BatchCount()
             self._started, self._captured = False, None
+            self._forks.start()  # the validation loaders' workers fork after the batches' collectives too
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -334,7 +337,8 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
             self._audit = None
 
     def _end_of_training(self, trainer: pl.Trainer) -> None:
-        """The signals go back to Lightning, and the train loaders' workers end with the training."""
+        """The signals go back to Lightning; the train loaders' workers and the fork guard end with the training."""
         self._preemption.release(trainer)
+        self._forks.stop()
         if self._owner is not None:
             self._owner.retire_workers()

@@ -11,8 +11,9 @@ under the GIL. Measured on this project's 3.11.7 (`benchmarks/fork_after_collect
 ranks, each round an ``all_gather_object`` and then a fork: 18 children deadlocked in 40,000 forks,
 none with the wait below.
 
-So, right before each fork of the library's loaders (an ``os.register_at_fork`` hook, active only
-inside `lightning_resumable.readers.workers.forking`), the forking thread waits until every native
+So, right before each fork of the library's loaders, and during a fit with the callback before every
+fork of the process (a validation loader's workers too: an ``os.register_at_fork`` hook, active
+inside `guarded_forks` and between `start_guarding` and `stop_guarding`), the forking thread waits until every native
 thread, that is every thread that is not a Python thread, is asleep or stopped (about 0.15 ms to look
 at 4 threads). None is then between creating a thread state and waiting for the GIL, and none is
 woken before the fork: only this thread gives gloo's threads work, and it holds the GIL from its last
@@ -33,7 +34,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["FORK_DEADLOCK_FIXED_IN", "QUIET_WAIT_S", "affected_python", "guarded_forks", "running_native_threads"]
+__all__ = [
+    "FORK_DEADLOCK_FIXED_IN",
+    "QUIET_WAIT_S",
+    "ForkGuard",
+    "affected_python",
+    "guarded_forks",
+    "running_native_threads",
+    "start_guarding",
+    "stop_guarding",
+]
 
 FORK_DEADLOCK_FIXED_IN = (3, 11, 10)
 """The first CPython 3.11 release with the fix of gh-112275 (3.12 and later never had the bug)."""
@@ -99,20 +109,49 @@ def _wait_for_quiet_native_threads() -> None:
         os.sched_yield()  # releases the GIL: a native thread waiting for it finishes and goes back to sleep
 
 
-@contextmanager
-def guarded_forks() -> Iterator[None]:
-    """Every ``os.fork`` inside the block (a loader forking its workers) first waits for the native
-    threads to sleep, on an affected CPython. Installs the hook once per process; it does nothing
-    outside the block."""
+def start_guarding() -> None:
+    """Every ``os.fork`` of the process from now on first waits for the native threads to sleep (on an
+    affected CPython), until the matching `stop_guarding`. Installs the hook once per process."""
     global _guarding, _installed
     if not affected_python():
-        yield
         return
     if not _installed and sys.platform == "linux":
         os.register_at_fork(before=_wait_for_quiet_native_threads)
         _installed = True
     _guarding += 1
+
+
+def stop_guarding() -> None:
+    """End one `start_guarding`: the hook does nothing once every one has ended."""
+    global _guarding
+    if affected_python():
+        _guarding = max(_guarding - 1, 0)
+
+
+class ForkGuard:
+    """One holder's guard on every fork of the process (a fit's, held by the callback): started at most
+    once, stopped at most once, whatever the order of the hooks that call it."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+    def start(self) -> None:
+        if not self.on:
+            start_guarding()
+            self.on = True
+
+    def stop(self) -> None:
+        if self.on:
+            stop_guarding()
+            self.on = False
+
+
+@contextmanager
+def guarded_forks() -> Iterator[None]:
+    """Every ``os.fork`` inside the block (a loader forking its workers) first waits for the native
+    threads to sleep (`start_guarding`)."""
+    start_guarding()
     try:
         yield
     finally:
-        _guarding -= 1
+        stop_guarding()

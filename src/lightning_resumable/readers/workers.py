@@ -16,7 +16,8 @@ The fork itself runs with the garbage collector paused, so no finaliser closes a
 queues meanwhile, and only once no native thread runs: a gloo thread entering Python after a
 collective is the other way into that lock (`lightning_resumable.readers.quiet_fork`). On an affected
 CPython the first such fork warns once, on rank 0, because a user's own loaders (a validation loader
-with workers) are not guarded.
+with workers) do not retire their previous pass first (during a fit with the callback their forks do
+wait for the native threads).
 """
 
 from __future__ import annotations
@@ -129,9 +130,9 @@ def warn_once_on_affected_python(loader: DataLoader[Any]) -> None:
     rank_zero_warn(
         f"lightning_resumable: CPython {version} can deadlock a forked loader worker when another thread is"
         " starting or ending during the fork (CPython gh-112275, fixed in 3.11.10 and 3.12). The train loaders"
-        " of this library retire their previous workers and threads before forking, and fork while no native"
-        " thread runs; loaders of your own with"
-        " num_workers > 0 (validation, test) are not guarded. Upgrade Python, or use"
+        " of this library retire their previous workers and threads before forking; during a fit with the callback"
+        " every fork waits until no native thread runs, but the previous workers and threads of loaders of your own"
+        " with num_workers > 0 (validation, test) are not retired first. Upgrade Python, or use"
         " multiprocessing_context='forkserver' for those loaders",
         category=RuntimeWarning,
     )
