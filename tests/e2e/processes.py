@@ -156,7 +156,7 @@ def wait_tree(process: subprocess.Popen[bytes], timeout: float, what: str, stack
         log = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
         raise AssertionError(
             f"{what} hung for {timeout:.0f} s; its whole process tree was killed. Each process's Python stack:\n"
-            f"{_stacks(stacks_dir)}\n--- native stacks (also in {native_path}) ---\n{native}\n--- log tail ---\n{log}"
+            f"{_stacks(stacks_dir)}\n--- native stacks ---\n(also in {native_path})\n{native}\n--- log tail ---\n{log}"
         ) from None
     finally:
         kill_tree(process)

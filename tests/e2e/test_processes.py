@@ -82,6 +82,7 @@ def test_a_hung_run_from_the_fork_server_prints_each_ranks_stack_is_killed_whole
         assert message.count("--- process") >= 2, "a stack from each rank"
         native = message.split("--- native stacks ---")[1]
         assert "(py-spy) ---" in native and "hang_forever" in native, "each process's native stack, Python frames too"
+        assert "hang_forever" in (tmp_path / "native-stacks.txt").read_text(), "kept in a file too"
         assert living_members(leader.pid) == [], "no process of the run is left"
 
         done = tmp_path / "done"
