@@ -82,11 +82,10 @@ def test_lightning_does_not_take_the_stream_loader_for_a_stateful_one() -> None:
 def test_lightnings_signal_handling_is_where_the_preemption_helpers_reach(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """SIGTERM marks ``received_sigterm`` (read by the epoch loop); a user's handler sits in a
-    ``_HandlersCompose`` with Lightning's; the SLURM requeue handler saves an HPC checkpoint."""
+    """SIGTERM marks ``received_sigterm`` (read by the epoch loop) and runs a user's own handler (the one in
+    place before the fit, which Lightning composes with its own) where it was received; the SLURM requeue
+    handler saves an HPC checkpoint; a requeue signal that has a handler already is not Lightning's."""
     import signal
-
-    from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose
 
     from lightning_resumable.internals._lightning import handle_preemption_signal, preemption_signals
 
@@ -94,11 +93,12 @@ def test_lightnings_signal_handling_is_where_the_preemption_helpers_reach(
     assert preemption_signals(trainer) == (signal.SIGTERM,)
     calls: list[object] = []
     users = lambda signum, frame: calls.append(signum)  # noqa: E731
-    composed = _HandlersCompose([trainer._signal_connector._sigterm_notifier_fn, users])
-    handle_preemption_signal(trainer, signal.SIGTERM, received_here=False, previous=composed)
+    handle_preemption_signal(trainer, signal.SIGTERM, received_here=False, original=users)
     assert trainer.received_sigterm and calls == []
-    handle_preemption_signal(trainer, signal.SIGTERM, received_here=True, previous=composed)
-    assert calls == [signal.SIGTERM]  # the user's handler, not Lightning's broadcasting notifier
+    handle_preemption_signal(trainer, signal.SIGTERM, received_here=True, original=users)
+    assert calls == [signal.SIGTERM]
+    handle_preemption_signal(trainer, signal.SIGTERM, received_here=True, original=signal.SIG_DFL)
+    assert calls == [signal.SIGTERM]  # the default is no handler to run
 
     for name, value in {
         "SLURM_NTASKS": "1",
@@ -111,12 +111,51 @@ def test_lightnings_signal_handling_is_where_the_preemption_helpers_reach(
         monkeypatch.setenv(name, value)
     slurm = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, default_root_dir=tmp_path)
     assert preemption_signals(slurm) == (signal.SIGTERM, signal.SIGUSR1)
+    previous = signal.signal(signal.SIGUSR1, users)
+    try:  # Lightning's register_signal_handlers leaves a requeue signal's handler in place: so does the library
+        assert preemption_signals(slurm) == (signal.SIGTERM,)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
     saved: list[str] = []
     monkeypatch.setattr(slurm, "save_checkpoint", lambda path, *args, **kwargs: saved.append(str(path)))
     connector_module = "lightning.pytorch.trainer.connectors.signal_connector"
     monkeypatch.setattr(f"{connector_module}.call", lambda cmd: calls.append(cmd) or 0)
-    handle_preemption_signal(slurm, signal.SIGUSR1, received_here=True, previous=None)
+    handle_preemption_signal(slurm, signal.SIGUSR1, received_here=True, original=None)
     assert saved == [str(tmp_path / "hpc_ckpt_1.ckpt")] and calls[-1] == ["scontrol", "requeue", "7"]
+
+
+def test_lightning_sets_no_handler_of_the_held_signals_until_its_teardown_which_calls_back() -> None:
+    """``register_signal_handlers`` (after the restore) and ``teardown`` go through the connector's
+    ``_register_signal``: kept off the held signals, Lightning sets every other one as it does, its teardown
+    calls back once, and a trainer pickled meanwhile gets Lightning's own methods back."""
+    import pickle
+    import signal
+
+    from lightning_resumable.internals._lightning import give_signals_back_to_lightning, keep_lightning_from_signals
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
+    connector = trainer._signal_connector
+    held = lambda signum, frame: None  # noqa: E731
+    before = {signum: signal.signal(signum, held) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+    torn_down: list[bool] = []
+    try:
+        keep_lightning_from_signals(trainer, (int(signal.SIGTERM),), lambda: torn_down.append(True))
+        copied = pickle.loads(pickle.dumps(connector))
+        assert "_register_signal" not in vars(copied) or vars(copied)["_register_signal"] is type(
+            connector
+        )._register_signal
+        connector.register_signal_handlers()
+        assert signal.getsignal(signal.SIGTERM) is held  # not Lightning's composed handler
+        connector._register_signal(signal.SIGUSR1, signal.SIG_DFL)
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # any other signal: as Lightning sets it
+        connector.teardown()
+        assert torn_down == [True] and signal.getsignal(signal.SIGTERM) is held
+        assert signal.getsignal(signal.SIGUSR1) is held  # Lightning put back what it found
+        assert "teardown" not in vars(connector) and "_register_signal" not in vars(connector)
+        give_signals_back_to_lightning(trainer)  # idempotent
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 def test_a_save_inside_a_lightning_signal_handler_is_off_the_training_path() -> None:

@@ -1,21 +1,44 @@
-"""`DeferredSignals`: a signal is recorded, not handled, until the ranks agree on it; the previous
-handlers come back; a forked loader worker lets the first signal pass and dies of the second."""
+"""Preemption signals: `DeferredSignals` records a signal until the ranks agree on it and puts the original
+handler back; a process forked while its parent holds them leaves them to it (`leave_signals_to_this_process`),
+a torch loader worker included, until its loader shuts it down, its parent goes or stops holding; and a
+one-process fit that gets SIGTERM before its train loop ends at the train start with Lightning's exception."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_resumable.readers.worker_signals import DeferredSignals
+from lightning_resumable import ResumableDataCallback
+from lightning_resumable.readers import worker_signals
+from lightning_resumable.readers.worker_signals import (
+    DeferredSignals,
+    leave_signals_to_this_process,
+    stop_leaving_signals,
+)
+
+from .helpers import Data, Model, trainer
 
 
-def test_a_signal_is_recorded_then_agreed_on_once_and_the_previous_handler_comes_back() -> None:
+def scheduler_signals(pid: int, signum: int = signal.SIGTERM) -> None:
+    """Signal ``pid`` from another process, as a cluster's scheduler does (torch's worker handler tells its
+    parent's SIGTERM from anyone else's)."""
+    subprocess.run(["kill", "-s", signal.Signals(signum).name.removeprefix("SIG"), str(pid)], check=True)
+
+
+def test_a_signal_is_recorded_then_agreed_on_once_and_the_original_handler_comes_back() -> None:
     handled: list[int] = []
-    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: handled.append(signum))
+    original = signal.signal(signal.SIGUSR1, lambda signum, frame: handled.append(signum))
     try:
         signals = DeferredSignals([signal.SIGUSR1, signal.SIGTERM])
         assert signals.install() and signals.installed
@@ -29,84 +52,26 @@ def test_a_signal_is_recorded_then_agreed_on_once_and_the_previous_handler_comes
         os.kill(os.getpid(), signal.SIGUSR1)
         assert handled == [signal.SIGUSR1]
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        signal.signal(signal.SIGUSR1, original)
 
 
-def test_a_forked_worker_survives_the_first_signal_and_dies_of_the_second() -> None:
-    signals = DeferredSignals([signal.SIGTERM])
+def test_uninstalling_leaves_a_handler_set_since_in_place() -> None:
+    """Lightning's teardown puts its own originals back before the library lets go: those stay."""
+    original = signal.getsignal(signal.SIGUSR1)
+    signals = DeferredSignals([signal.SIGUSR1])
     assert signals.install()
+    later = lambda signum, frame: None  # noqa: E731
     try:
-        ready, handled = os.pipe(), os.pipe()
-        child = os.fork()
-        if child == 0:  # the worker: ready; once the first SIGTERM is handled, says so; then waits
-            os.write(ready[1], b"r")
-            while signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-                signal.sigtimedwait([], 0.01)  # lets the handler run; returns after 10 ms
-            os.write(handled[1], b"h")
-            signal.pause()
-            os._exit(3)
-        os.close(ready[1])
-        os.close(handled[1])  # a dead child closes the pipe: the reads below return b"" and fail
-        assert os.read(ready[0], 1) == b"r"
-        os.kill(child, signal.SIGTERM)
-        assert os.read(handled[0], 1) == b"h"  # alive after the first
-        os.kill(child, signal.SIGTERM)
-        _, status = os.waitpid(child, 0)
-        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
-        assert signals.received == frozenset()  # a worker's signal is not the rank's
-    finally:
+        signal.signal(signal.SIGUSR1, later)
         signals.uninstall()
-
-
-def run_worker_and_signal_it_twice(init: bool) -> tuple[bool, int]:
-    """Fork a worker as torch starts one (its own SIGTERM handler), optionally run `LeaveSigtermToRank`;
-    signal it once, from another process than its parent (as a scheduler does): whether it survived;
-    then again: the signal that ended it."""
-    from torch.utils.data._utils.signal_handling import _set_worker_signal_handlers
-
-    from lightning_resumable.readers.worker_signals import LeaveSigtermToRank
-
-    ready, handled = os.pipe(), os.pipe()
-    child = os.fork()
-    if child == 0:
-        _set_worker_signal_handlers()  # what torch's _worker_loop does first
-        if init:
-            LeaveSigtermToRank(None)(0)
-        os.write(ready[1], b"r")
-        while signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            signal.sigtimedwait([], 0.01)
-        os.write(handled[1], b"h")
-        signal.pause()
-        os._exit(3)
-    os.close(ready[1])
-    os.close(handled[1])
-    assert os.read(ready[0], 1) == b"r"
-    scheduler = ["kill", "-s", "TERM", str(child)]  # torch's handler exits quietly on its parent's SIGTERM
-    subprocess.run(scheduler, check=True)
-    survived = os.read(handled[0], 1) == b"h"
-    if survived:
-        subprocess.run(scheduler, check=True)
-    _, status = os.waitpid(child, 0)
-    return survived, os.WTERMSIG(status) if os.WIFSIGNALED(status) else -os.WEXITSTATUS(status)
-
-
-def test_a_loader_worker_leaves_a_group_sigterm_to_its_rank_while_the_rank_holds_it() -> None:
-    """Torch's worker handler ends a worker on a SIGTERM not from its parent, and its rank then fails
-    with "worker killed by signal" mid-save; with the library's worker_init_fn the first one passes."""
-    signals = DeferredSignals([signal.SIGTERM])
-    assert signals.install()
-    try:
-        assert run_worker_and_signal_it_twice(init=True) == (True, signal.SIGTERM)
-        assert run_worker_and_signal_it_twice(init=False) == (False, signal.SIGTERM)
+        assert signal.getsignal(signal.SIGUSR1) is later
     finally:
-        signals.uninstall()
+        signal.signal(signal.SIGUSR1, original)
 
 
 def test_a_signal_arriving_during_an_agreement_is_kept_for_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
     """A handler runs between any two bytecodes: one that ran while the flags were being built was
     cleared with them, and its rank never stopped (a preempted run trained on to its end)."""
-    import lightning_resumable.readers.worker_signals as signals_module
-
     signals = DeferredSignals([signal.SIGUSR1])
     assert signals.install()
     real_tensor = torch.tensor
@@ -118,8 +83,233 @@ def test_a_signal_arriving_during_an_agreement_is_kept_for_the_next(monkeypatch:
 
     try:
         with monkeypatch.context() as patched:
-            patched.setattr(signals_module.torch, "tensor", tensor_and_a_signal)
+            patched.setattr(worker_signals.torch, "tensor", tensor_and_a_signal)
             first = signals.agree(torch.device("cpu"))
         assert first | signals.agree(torch.device("cpu")) == {signal.SIGUSR1}
     finally:
         signals.uninstall()
+
+
+# ------------------------------------------------------------------------ the processes a holder forks
+@pytest.fixture
+def holding() -> Iterator[DeferredSignals]:
+    """This process holds SIGTERM and SIGUSR1, as a rank does during a fit."""
+    signals = DeferredSignals([signal.SIGTERM, signal.SIGUSR1])
+    assert signals.install()
+    leave_signals_to_this_process(signals.signums)
+    try:
+        yield signals
+    finally:
+        stop_leaving_signals()
+        signals.uninstall()
+
+
+def forked(body: Callable[[Callable[[bytes], None]], None]) -> tuple[int, Callable[[], bytes]]:
+    """Fork a child that runs ``body(say)`` and then waits for signals forever; ``say`` writes a byte to the
+    parent, which reads them one at a time (``b""``: the child has ended)."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover  (the child)
+        os.close(read_end)
+        try:
+            body(lambda byte: os.write(write_end, byte) and None)
+            while True:
+                signal.pause()
+        finally:
+            os._exit(3)
+    os.close(write_end)
+    return child, lambda: os.read(read_end, 1)
+
+
+def left_to_holder(say: Callable[[bytes], None]) -> None:
+    """In the child: say when its handler has run, once per signal (it leaves no other trace)."""
+    handler = signal.getsignal(signal.SIGTERM)
+    assert isinstance(handler, worker_signals._LeftToHolder)
+    count = 0
+    original_leaves = handler.leaves
+
+    def leaves() -> bool:
+        nonlocal count
+        count += 1
+        left = original_leaves()
+        if left:
+            say(b"l")
+        return left
+
+    handler.leaves = leaves  # type: ignore[method-assign]
+    say(b"r")
+
+
+def ended_by(child: int) -> int:
+    _, status = os.waitpid(child, 0)
+    return os.WTERMSIG(status) if os.WIFSIGNALED(status) else -os.WEXITSTATUS(status)
+
+
+def test_a_forked_process_leaves_the_signals_to_its_holder_until_it_stops_holding(holding: DeferredSignals) -> None:
+    child, heard = forked(left_to_holder)
+    assert heard() == b"r"
+    for _ in range(3):  # every one, not only the first: a second preemption signal ends no worker mid-save
+        scheduler_signals(child)
+        assert heard() == b"l"
+    scheduler_signals(child, signal.SIGUSR1)  # SLURM's requeue signal: the same
+    assert heard() == b"l"
+    assert holding.received == frozenset()  # a child's signal is not its holder's
+    stop_leaving_signals()  # the fit has ended: as without the library, a SIGTERM ends it
+    scheduler_signals(child)
+    assert heard() == b""
+    assert ended_by(child) == signal.SIGTERM
+
+
+def test_a_process_whose_holder_has_gone_ends_on_the_signal(holding: DeferredSignals) -> None:
+    """A worker whose parent was killed is not the parent's to keep alive: its grandchild here, forked while the
+    child held nothing of its own but inherited the hold, is orphaned, then signalled."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover  (the child: forks its own child, says its pid, and goes)
+        os.close(read_end)
+        grandchild, _ = forked(lambda say: None)
+        os.write(write_end, f"{grandchild:>10}".encode())
+        os._exit(0)
+    os.close(write_end)
+    grandchild = int(os.read(read_end, 10))
+    assert ended_by(child) == 0
+    scheduler_signals(grandchild)
+    for _ in range(1000):  # not this process's child: poll /proc until it has ended (delivery is asynchronous)
+        stat = Path(f"/proc/{grandchild}/stat")
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        signal.sigtimedwait([], 0.01)
+    else:
+        raise AssertionError("the orphaned process ignored SIGTERM")
+
+
+def torch_worker(say: Callable[[bytes], None]) -> None:
+    """In the child: start as torch's ``_worker_loop`` does (its own SIGTERM handler first, from a frame
+    whose ``done_event`` is the loader's), then say when the held SIGTERM was left to the holder; ``d`` on
+    SIGUSR2 sets ``done_event``, as the loader's shutdown does."""
+    import multiprocessing
+
+    from torch.utils.data._utils import signal_handling
+
+    done_event = multiprocessing.Event()
+    signal_handling._set_worker_signal_handlers()  # type: ignore[attr-defined]
+    assert done_event is not None  # the frame's local that the library reads
+    signal.signal(signal.SIGUSR2, lambda signum, frame: (done_event.set(), say(b"d")))
+    left_to_holder(say)
+
+
+def test_a_torch_worker_leaves_a_schedulers_sigterm_to_its_rank_until_its_loader_shuts_it_down(
+    holding: DeferredSignals,
+) -> None:
+    """Torch's worker handler ends a worker on a SIGTERM not from its parent (its rank then fails with "worker
+    killed by signal" or hangs in a collective); while the rank holds, the worker leaves it to the rank. Once its
+    loader is shutting it down (``done_event``), a SIGTERM is torch's ``terminate`` and ends it."""
+    child, heard = forked(torch_worker)
+    assert heard() == b"r"
+    scheduler_signals(child)
+    assert heard() == b"l"
+    os.kill(child, signal.SIGUSR2)
+    assert heard() == b"d"
+    scheduler_signals(child)
+    assert heard() == b""
+    assert ended_by(child) == signal.SIGTERM
+
+
+def test_without_the_hold_a_torch_worker_dies_of_a_schedulers_sigterm() -> None:
+    """The control: what the first epoch's workers did before the hold began at the callback's setup."""
+
+    def plain_worker(say: Callable[[bytes], None]) -> None:
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._set_worker_signal_handlers()  # type: ignore[attr-defined]
+        say(b"r")
+
+    child, heard = forked(plain_worker)
+    assert heard() == b"r"
+    scheduler_signals(child)
+    assert heard() == b""
+    assert ended_by(child) == signal.SIGTERM
+
+
+class Slow(TensorDataset):
+    """Each sample waits until its worker has been signalled (a file per worker), so the signals arrive while
+    the workers serve the pass."""
+
+    def __init__(self, size: int, flags: Path) -> None:
+        super().__init__(torch.arange(size))
+        self.flags = flags
+
+    def __getitem__(self, index: int) -> Any:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        assert info is not None
+        (self.flags / f"pid{info.id}").write_text(str(os.getpid()))
+        while not (self.flags / f"signalled{info.id}").exists():
+            signal.sigtimedwait([], 0.005)  # waits for the test's signal, not for a race: the file says it came
+        return super().__getitem__(index)
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_real_loaders_workers_serve_their_pass_through_a_schedulers_sigterm(
+    tmp_path: Path, hold: bool, request: pytest.FixtureRequest
+) -> None:
+    """A torch DataLoader with 2 workers, each signalled by a scheduler while it serves the pass: with the hold,
+    every batch arrives; without it (the control) the loader fails with "worker ... killed by signal"."""
+    if hold:
+        request.getfixturevalue("holding")
+    loader = DataLoader(Slow(8, tmp_path), batch_size=2, num_workers=2)
+
+    def served() -> list[list[int]]:
+        iterator = iter(loader)
+        for worker in range(2):
+            pid = tmp_path / f"pid{worker}"
+            for _ in range(6000):  # until the worker has started its first sample (it writes its pid)
+                if pid.exists() and pid.read_text():
+                    break
+                signal.sigtimedwait([], 0.005)
+            scheduler_signals(int(pid.read_text()))
+            (tmp_path / f"signalled{worker}").touch()
+        return [batch[0].tolist() for batch in iterator]
+
+    if hold:
+        assert served() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    else:  # torch's SIGCHLD handler raises wherever this process is when a worker dies: anywhere in served()
+        with pytest.raises(RuntimeError, match=r"killed by signal: Terminated|exited unexpectedly"):
+            served()
+
+
+# ----------------------------------------------------------------------------------- one-process fits
+class SignalledAt(L.Callback):
+    """Sends this process SIGTERM in ``hook``, as a scheduler's notice arriving then."""
+
+    def __init__(self, hook: str) -> None:
+        setattr(self, hook, self.signal)
+
+    def signal(self, *args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("hook", ["setup", "on_fit_start", "on_train_epoch_start"])
+def test_a_sigterm_before_the_train_loop_ends_the_fit_at_its_start(tmp_path: Path, hook: str) -> None:
+    """Held from the callback's setup (after it in the callbacks' order): a SIGTERM in setup or before the train
+    loop ends the fit at the train start with Lightning's SIGTERMException, no batch trained, and
+    ``OnExceptionCheckpoint``'s checkpoint resumes the whole run. ``on_train_epoch_start`` comes after the train
+    start: its signal ends the fit after the first batch."""
+    before = signal.getsignal(signal.SIGTERM)
+    L.seed_everything(5, verbose=False)  # the three fits' seed
+    model = Model()
+    saving = OnExceptionCheckpoint(tmp_path, filename="on_exception")
+    stopped = trainer(tmp_path, [ResumableDataCallback(), SignalledAt(hook), saving], enable_checkpointing=True)
+    with pytest.raises(SIGTERMException):
+        stopped.fit(model, Data())
+    trained = 1 if hook == "on_train_epoch_start" else 0
+    assert len(model.seen) == trained
+    assert signal.getsignal(signal.SIGTERM) is before  # given back
+    full = Model()
+    trainer(tmp_path / "full", [ResumableDataCallback()]).fit(full, Data())
+    resumed = Model()
+    trainer(tmp_path / "resume", [ResumableDataCallback()]).fit(
+        resumed, Data(), ckpt_path=tmp_path / "on_exception.ckpt"
+    )
+    assert model.seen + resumed.seen == full.seen

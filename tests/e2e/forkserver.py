@@ -66,6 +66,7 @@ def _run_rank(request: dict[str, Any], rank: int) -> None:
     try:
         if request["world_size"] > 1:
             os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0")
+            _as_slurm_task(rank)
         config_path = request["config"]
         sys.argv = [train.__file__, config_path]
         dump_stacks_on_signal(Path(json.loads(Path(config_path).read_text())["out_dir"]))
@@ -101,6 +102,7 @@ def _lead(request: dict[str, Any]) -> None:
     try:
         if world_size > 1:
             os.environ.update(LOCAL_RANK="0", NODE_RANK="0")
+            _as_slurm_task(0)
         sys.argv = [train.__file__, request["config"]]
         dump_stacks_on_signal(Path(json.loads(Path(request["config"]).read_text())["out_dir"]))
         train.main(request["config"])
@@ -114,6 +116,13 @@ def _lead(request: dict[str, Any]) -> None:
     # while to end (and report their own failure) before the harness ends the whole group.
     codes = _wait_for(ranks, None if code == 0 else RANKS_GRACE_S)
     _exit_as_the_interpreter_does(code or next((each for each in codes if each != 0), 0))
+
+
+def _as_slurm_task(rank: int) -> None:
+    """In a run whose environment is a SLURM job step's (``SLURM_NTASKS``): this rank's task ids, as ``srun`` sets
+    them (Lightning then finds a ``SLURMEnvironment`` and launches nothing)."""
+    if "SLURM_NTASKS" in os.environ:
+        os.environ.update(SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank))
 
 
 def _wait_for(pids: list[int], seconds: float | None) -> list[int]:

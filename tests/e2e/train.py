@@ -24,6 +24,7 @@ import os
 import random
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -446,8 +447,15 @@ class StepRecorder(L.Callback):
         out_dir = Path(self.config["out_dir"])
         self.recorder = Recorder(out_dir / f"{self.config['phase']}.rank{trainer.global_rank}.jsonl")
         self.validations = Recorder(out_dir / f"{self.config['phase']}.val.rank{trainer.global_rank}.jsonl")
-        # A test aims a signal at one rank: each rank says which process it is.
-        (out_dir / f"{self.config['phase']}.rank{trainer.global_rank}.pid").write_text(str(os.getpid()))
+
+    def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
+        """How this rank's fit ended, and where: a preemption must end every rank through Lightning's exception
+        at the same step."""
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        ended = {"exception": type(exception).__name__, "epoch": trainer.current_epoch, "batches": done}
+        ended["step"] = trainer.global_step
+        out = Path(self.config["out_dir"]) / f"{self.config['phase']}.ended.rank{trainer.global_rank}.json"
+        out.write_text(json.dumps(ended))
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         assert self.recorder is not None
@@ -828,10 +836,11 @@ class PlainData(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader[Any]:
         """``val_loader``: ``plain``, ``shuffled`` (Lightning keeps the shuffle under DDP) or ``batch_sampler``."""
         dataset = IdDataset(self.config.get("val_size", 8))
-        kind = self.config.get("val_loader", "plain")
+        kind, workers = self.config.get("val_loader", "plain"), self.config.get("val_workers", 0)
         if kind == "batch_sampler":
-            return DataLoader(dataset, batch_sampler=BatchSampler(SequentialSampler(dataset), 4, drop_last=False))
-        return DataLoader(dataset, batch_size=4, shuffle=kind == "shuffled")
+            batches = BatchSampler(SequentialSampler(dataset), 4, drop_last=False)
+            return DataLoader(dataset, batch_sampler=batches, num_workers=workers)
+        return DataLoader(dataset, batch_size=4, shuffle=kind == "shuffled", num_workers=workers)
 
     test_dataloader = val_dataloader
     predict_dataloader = val_dataloader
@@ -916,6 +925,113 @@ class StopAt(L.Callback):
             self.validated = True  # ModelCheckpoint saves after this callback: end at the next batch
 
 
+def launched_rank() -> int:
+    """This process's global rank, from the variables its launcher set (before Lightning reads them)."""
+    for name in ("RANK", "SLURM_PROCID", "LOCAL_RANK"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
+
+
+PREEMPTION_WHENS = ("setup", "sanity", "train_start", "step", "batch", "validation", "save", "workers_start")
+"""Where `Preempt` sends its signal: in the callback's ``setup`` (before the restore), in the sanity check, at the
+train start (the first loaders' workers forked, nothing trained), during a training step or at its end, inside
+a validation, inside a checkpoint save, and while the next epoch's loader workers start (in a worker just
+forked; with no workers, at that epoch's start)."""
+
+
+class Preempt(L.Callback):
+    """Signals the run as a cluster does (``config["preempt"]``): ``signal`` (``TERM``, or ``USR1``, SLURM's
+    requeue signal) to ``target`` (``every rank``, ``rank 0``, ``rank 1``, ``group``: the process group, loader
+    workers included; ``launcher``: torchrun's agent, which signals each rank's process group), once, at the
+    first point of kind ``when`` (`PREEMPTION_WHENS`) at or after batch ``at`` = [epoch, batch]. The signal
+    comes from a ``kill`` process, as from a scheduler: torch's worker handler tells its parent's SIGTERM from
+    anyone else's. The time it was sent goes to ``{phase}.signalled.json``."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config, self.preempt = config, config["preempt"]
+        self.out = Path(config["out_dir"])
+        self.when, self.at = self.preempt["when"], tuple(self.preempt["at"])
+        self.sent = False
+        self.past_at = False  # a training batch at or after ``at`` has ended
+        self.armed = False  # workers_start: the next fork of a loader worker sends the signal
+        if self.when == "workers_start":
+            os.register_at_fork(after_in_child=self.from_a_forked_worker)
+
+    def reached(self, trainer: L.Trainer, batch_idx: int) -> bool:
+        return (trainer.current_epoch, batch_idx) >= self.at
+
+    def send(self) -> None:
+        if self.sent or launched_rank() != 0:  # (a worker of rank 0 inherits its rank's variables)
+            return
+        self.sent = True
+        phase = self.config["phase"]
+        pids: list[str] = []
+        for rank in range(self.config["world_size"]):
+            path = self.out / f"{phase}.rank{rank}.pid"
+            for _ in range(6000):  # each rank writes it as it starts: before the setup hooks' barrier
+                if path.exists() and path.read_text():
+                    break
+                time.sleep(0.01)  # polling a file another process writes
+            pids.append(path.read_text())
+        target = self.preempt["target"]
+        targets = {
+            "every rank": pids,
+            "rank 0": pids[:1],
+            "rank 1": pids[1:2],
+            "group": [f"-{os.getpgrp()}"],
+            "launcher": [Path(f"/proc/{pids[0]}/stat").read_text().rsplit(")", 1)[1].split()[1]],  # rank 0's parent
+        }[target]
+        sent = {"at": time.monotonic(), "when": self.when, "pid": os.getpid(), "targets": targets}
+        (self.out / f"{phase}.signalled.json").write_text(json.dumps(sent))
+        subprocess.run(["kill", "-s", self.preempt["signal"], "--", *targets], check=True)
+
+    def from_a_forked_worker(self) -> None:
+        """In a process rank 0 forked while armed (a loader worker starting): the first one sends the signal."""
+        if not self.armed:
+            return
+        try:
+            os.close(os.open(self.out / f"{self.config['phase']}.worker_sent", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return
+        self.send()
+
+    def setup(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
+        if self.when == "setup" and stage == "fit":
+            self.send()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if self.when == "train_start":
+            self.send()
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: Any) -> None:
+        if self.when == "workers_start" and trainer.current_epoch == self.at[0]:
+            if self.config["num_workers"] == 0:
+                self.send()
+            else:
+                self.armed = launched_rank() == 0
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.armed = False
+        if self.when == "step" and self.reached(trainer, batch_idx):
+            self.send()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.when == "batch" and self.reached(trainer, batch_idx):
+            self.send()
+        self.past_at = self.reached(trainer, batch_idx)
+
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: Any, *args: Any, **kwargs: Any) -> None:
+        if self.when == "sanity" and trainer.sanity_checking:
+            self.send()
+        if self.when == "validation" and not trainer.sanity_checking and self.past_at:
+            self.send()
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        if self.when == "save" and self.past_at:
+            self.send()
+
+
 class ExtraSaves(L.Callback):
     """Saves a checkpoint every ``every`` optimizer steps, as a cautious user does; it must change nothing."""
 
@@ -957,6 +1073,8 @@ def evaluate_after_fit(
 
 def main(config_path: str) -> None:
     config = json.loads(Path(config_path).read_text())
+    # A test aims a signal at one rank: each rank says which process it is, as it starts.
+    (Path(config["out_dir"]) / f"{config['phase']}.rank{launched_rank()}.pid").write_text(str(os.getpid()))
     if config.get("seed") is not None:
         L.seed_everything(config["seed"], verbose=False)
     torch.set_num_threads(1)
@@ -977,6 +1095,8 @@ def main(config_path: str) -> None:
         )
     if config["phase"] == "stop" or config.get("leg", {}).get("kind") in STOP_KINDS:
         callbacks.append(StopAt(config))
+    if config.get("preempt"):
+        callbacks.append(Preempt(config))
     if config.get("on_exception_checkpoint"):  # a preemption's SIGTERM becomes an exception; save there
         callbacks.append(OnExceptionCheckpoint(dirpath=config["out_dir"], filename="on_exception"))
     checkpoint_every = config.get("checkpoint_every")
@@ -1021,7 +1141,7 @@ def main(config_path: str) -> None:
         accumulate_grad_batches=config.get("accumulate", 1),
         limit_train_batches=config.get("limit_train_batches") or 1.0,
         limit_val_batches=config.get("limit_val_batches", 1),
-        num_sanity_val_steps=0,
+        num_sanity_val_steps=config.get("sanity_steps", 0),
         logger=False,
         enable_checkpointing=bool(
             checkpoint_every

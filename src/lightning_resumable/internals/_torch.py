@@ -10,10 +10,13 @@ private names used for that, each tested against the installed torch by
   ``_num_yielded`` (the batches it has handed out).
 - a multi-process iterator's ``_workers``, ``_index_queues``, ``_shutdown`` and ``_shutdown_workers``,
   and ``multiprocessing.Queue``'s feeder thread ``_thread``.
+- in a worker, ``signal_handling._set_worker_signal_handlers`` (the first call of torch's and torchdata's
+  ``_worker_loop``, looked up on the module at each call) and that loop's ``done_event`` argument.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +25,7 @@ from torch.utils.data import DataLoader
 
 __all__ = [
     "MakesIterators",
+    "after_worker_signal_setup",
     "batches_handed_out",
     "has_shut_down",
     "iterator_factory",
@@ -97,3 +101,18 @@ def retire_iterator(iterator: object, timeout: float) -> None:
         feeder = getattr(queue, "_thread", None)
         if isinstance(feeder, threading.Thread) and feeder is not threading.current_thread():
             feeder.join(timeout=timeout)
+
+
+def after_worker_signal_setup(started: Callable[[Any], None]) -> None:
+    """In this (forked) process, call ``started(done_event)`` right after a loader worker's loop has set torch's
+    own signal handlers: ``done_event`` is the event its loader sets when it shuts its workers down (``None``
+    if the caller is not such a loop). A process that never runs a worker loop never calls it."""
+    from torch.utils.data._utils import signal_handling
+
+    set_handlers = signal_handling._set_worker_signal_handlers  # type: ignore[attr-defined]
+
+    def set_handlers_then_start(*args: Any) -> None:
+        set_handlers(*args)
+        started(sys._getframe(1).f_locals.get("done_event"))
+
+    signal_handling._set_worker_signal_handlers = set_handlers_then_start  # type: ignore[attr-defined]

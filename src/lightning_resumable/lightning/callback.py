@@ -192,6 +192,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
             self._owner, self._pending, self._batches = None, None, BatchCount()
             self._started, self._captured = False, None
             self._forks.start()  # the validation loaders' workers fork after the batches' collectives too
+            self._preemption.hold(trainer, lambda: self._capture(trainer))  # before the restore, the first workers
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -284,7 +285,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
             (done := batches_processed(trainer)) and self.seed_steps and self._seed is not None
         ):  # as that step left them
             seed_training_step(self._seed, trainer.current_epoch, done - 1, ended=True)
-        self._preemption.hold(trainer)
+        self._preemption.act(trainer, at_boundary=True, before_training=True)  # a signal held since setup
 
     @override
     def on_train_batch_start(
@@ -309,7 +310,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         if self._owner is not None:  # every rank is here, at the same batch
             batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
             boundary = partial_accumulation(trainer, batches, batches >= trainer.num_training_batches) is None
-            self._preemption.act(trainer, boundary, lambda: self._capture(trainer))
+            self._preemption.act(trainer, boundary)
             if self.seed_steps and self._seed is not None:
                 seed_training_step(self._seed, trainer.current_epoch, batches - 1, ended=True)
 
@@ -332,13 +333,13 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._end_of_training(trainer)
+        self._preemption.release()  # done by Lightning's teardown already, unless hooks ran without it
         if self._audit is not None:
             self._audit.close()
             self._audit = None
 
     def _end_of_training(self, trainer: pl.Trainer) -> None:
-        """The signals go back to Lightning; the train loaders' workers and the fork guard end with the training."""
-        self._preemption.release(trainer)
+        """The train loaders' workers and the fork guard end with the training (signals: `HeldPreemption`)."""
         self._forks.stop()
         if self._owner is not None:
             self._owner.retire_workers()

@@ -43,7 +43,7 @@ from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.libraries import LIBRARIES, is_of
 from lightning_resumable.readers.recording import PassRecord
 from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, refuse_persistent_workers
-from lightning_resumable.readers.workers import ForkingEachPass, leave_sigterm_to_rank, warn_once_on_affected_python
+from lightning_resumable.readers.workers import ForkingEachPass, warn_once_on_affected_python
 
 __all__ = [
     "LIBRARY",
@@ -240,7 +240,6 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         if not self.restore:  # LitData adds 1 at each fresh pass: its epochs count from 1
             self.current_epoch = epoch
         warn_once_on_affected_python(self)
-        leave_sigterm_to_rank(self)
         # Without workers the samples (and their seeds) are read in this process, in next().
         return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0)
 

@@ -39,7 +39,7 @@ from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.libraries import LIBRARIES, is_of
 from lightning_resumable.readers.recording import PassRecord
 from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, refuse_persistent_workers
-from lightning_resumable.readers.workers import ForkingEachPass, leave_sigterm_to_rank, warn_once_on_affected_python
+from lightning_resumable.readers.workers import ForkingEachPass, warn_once_on_affected_python
 
 __all__ = ["LIBRARY", "MosaicLoader", "build", "make_mosaic_resumable", "mixture_source", "recognises"]
 
@@ -101,7 +101,6 @@ class MosaicLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type:
         dataset.next_epoch = self.epoch
         StreamingDataset.load_state_dict(dataset, state)
         warn_once_on_affected_python(self)
-        leave_sigterm_to_rank(self)
         # Without workers the samples (and their seeds) are read in this process, in next().
         return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0)
 

@@ -53,7 +53,6 @@ from lightning_resumable.readers.recording import PassRecord
 from lightning_resumable.readers.settings import TORCH_SETTINGS, forwarded_settings, refuse_persistent_workers
 from lightning_resumable.readers.workers import (
     forking,
-    leave_sigterm_to_rank,
     retire,
     warn_once_on_affected_python,
 )
@@ -174,7 +173,6 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
                 retire(previous)
             del previous
         warn_once_on_affected_python(self)
-        leave_sigterm_to_rank(self)
         with forking(super().__iter__) as iterator:
             pass
         return self.record.record(iterator)

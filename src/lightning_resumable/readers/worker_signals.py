@@ -1,10 +1,25 @@
-"""Signals between a rank and its loader workers: a rank records a signal and acts on it where every
-rank is in step (`DeferredSignals`, which `lightning_resumable.lightning.signals.HeldPreemption`
-installs during a fit), and a worker forked meanwhile leaves SIGTERM to its rank (`LeaveSigtermToRank`,
-the ``worker_init_fn`` of the loaders the library builds). Neither imports Lightning."""
+"""Signals between a rank and the processes it forks: a rank records a preemption signal and acts on it
+where every rank is in step (`DeferredSignals`, which `lightning_resumable.lightning.signals.HeldPreemption`
+installs for a fit), and every process it forks meanwhile leaves such a signal to it
+(`leave_signals_to_this_process`). Neither imports Lightning.
+
+A cluster stops a job by signalling every process of it: SLURM signals each process of the job step,
+``kill -- -PGID`` a process group, torchrun each rank's process group. Loader workers get the signal
+with their rank. Torch's worker handler (installed by ``_worker_loop``) ends a worker on a SIGTERM that
+does not come from its parent, so the rank then fails with "DataLoader worker ... is killed by signal"
+(or hangs in a collective its peer left) instead of ending in step with the others. So, while a process
+holds the signals, each process it forks (a torch ``DataLoader``'s workers of any loader, a data
+library's, a validation loader's) ignores them: its holder ends it in order (shutting the loader down).
+It still ends, as it would without the library, once its holder shuts its loader down (torch's
+``done_event`` is set: the SIGTERM is torch's ``terminate`` of a worker that did not exit in time),
+once the holder has gone, or once the holder no longer holds (at the interpreter's exit multiprocessing
+SIGTERMs daemon workers left running). The holder says whether it holds through one shared byte
+(an anonymous shared mapping, made before any fork, so every forked process sees its changes).
+"""
 
 from __future__ import annotations
 
+import mmap
 import os
 import signal
 import threading
@@ -15,7 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["DeferredSignals", "Handler", "LeaveSigtermToRank"]
+from lightning_resumable.internals._torch import after_worker_signal_setup
+
+__all__ = ["DeferredSignals", "Handler", "leave_signals_to_this_process", "stop_leaving_signals"]
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
@@ -26,27 +43,26 @@ class DeferredSignals:
     def __init__(self, signums: Iterable[int]) -> None:
         self.signums = tuple(sorted(set(signums)))
         self._received: set[int] = set()
-        self._previous: dict[int, Handler] = {}
+        self._original: dict[int, Handler] = {}
         self._pid = os.getpid()
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:  # a forked loader worker: its rank decides, not the worker
-            signal.signal(signum, signal.SIG_DFL)
+        if os.getpid() != self._pid:  # a forked process before its after-fork hook (`_LeftToHolder`): not its signal
             return
         self._received.add(signum)
 
     @property
     def installed(self) -> bool:
-        return bool(self._previous)
+        return bool(self._original)
 
     @property
     def received(self) -> frozenset[int]:
         """The signals this process received since the last agreement."""
         return frozenset(self._received)
 
-    def previous(self, signum: int) -> Handler:
-        """The handler that ``signum`` had before `install` (Lightning's, during a fit)."""
-        return self._previous.get(signum)
+    def original(self, signum: int) -> Handler:
+        """The handler that ``signum`` had before `install` (a user's own, or the default)."""
+        return self._original.get(signum)
 
     def install(self) -> bool:
         """Take over the signals (main thread only: Python sets handlers there); ``False`` elsewhere."""
@@ -54,15 +70,17 @@ class DeferredSignals:
             return False
         self._pid = os.getpid()
         for signum in self.signums:
-            self._previous[signum] = signal.getsignal(signum)
+            self._original[signum] = signal.getsignal(signum)
             signal.signal(signum, self._record)
         return True
 
     def uninstall(self) -> set[int]:
-        """Put the previous handlers back; the signals received and not yet agreed on."""
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        self._previous.clear()
+        """Put the original handlers back where this object's are still in place; the signals received and
+        not yet agreed on."""
+        for signum, handler in self._original.items():
+            if getattr(signal.getsignal(signum), "__self__", None) is self:
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._original.clear()
         unhandled, self._received = self._received, set()
         return unhandled
 
@@ -78,17 +96,66 @@ class DeferredSignals:
         return {signum for signum, flag in zip(self.signums, flags.tolist(), strict=True) if flag}
 
 
-class LeaveSigtermToRank:
-    """A loader's ``worker_init_fn``, wrapping the user's: in a worker whose rank holds SIGTERM (its
-    inherited handler is a `DeferredSignals` one), SIGTERM goes back to that handler, which lets the
-    first pass; then the user's function runs. Picklable when the user's function is."""
+# ---------------------------------------------------------------------- the processes a holder forks
+_holding: mmap.mmap | None = None
+"""The holding process's shared byte (1 while it holds), inherited by every process it forks."""
+_holder = 0
+"""The pid of the process that made `_holding` (a forked process holding for itself makes its own)."""
+_held: tuple[int, ...] = ()
+_hook_installed = False
 
-    def __init__(self, user: Callable[[int], Any] | None) -> None:
-        self.user = user
 
-    def __call__(self, worker_id: int) -> None:
-        inherited = signal.getsignal(signal.SIGTERM)  # Python's table: torch set its handler in C
-        if isinstance(getattr(inherited, "__self__", None), DeferredSignals):
-            signal.signal(signal.SIGTERM, inherited)
-        if self.user is not None:
-            self.user(worker_id)
+def leave_signals_to_this_process(signums: Iterable[int]) -> None:
+    """From now until `stop_leaving_signals`, every process this one forks (and their own forks) ignores
+    ``signums`` while this one lives and holds them; see the module's docstring."""
+    global _holding, _holder, _held, _hook_installed
+    if _holding is None or _holder != os.getpid():
+        _holding, _holder = mmap.mmap(-1, 1), os.getpid()  # shared and anonymous: forks see its changes
+    _held = tuple(sorted(set(signums)))
+    _holding[0] = 1
+    if not _hook_installed:
+        os.register_at_fork(after_in_child=_in_forked_child)
+        _hook_installed = True
+
+
+def stop_leaving_signals() -> None:
+    """The processes forked so far end on those signals again as they would without the library."""
+    if _holding is not None and _holder == os.getpid():
+        _holding[0] = 0
+
+
+class _LeftToHolder:
+    """A forked process's handler of the held signals: ignored while its parent lives and holds them and
+    is not shutting its loader down; else the signal's default action, as without the library."""
+
+    def __init__(self, holding: mmap.mmap, parent: int) -> None:
+        self.holding = holding
+        self.parent = parent
+        self.loader_done: Any = None  # a torch worker's ``done_event``, once its loop started
+
+    def worker_started(self, done_event: Any) -> None:
+        """In a torch loader worker, after torch set its own handlers: the held SIGTERM is left to the holder
+        again, and the worker knows when its loader is being shut down."""
+        self.loader_done = done_event
+        if signal.SIGTERM in _held:
+            signal.signal(signal.SIGTERM, self)
+
+    def leaves(self) -> bool:
+        shutting_down = self.loader_done is not None and self.loader_done.is_set()
+        return bool(self.holding[0]) and os.getppid() == self.parent and not shutting_down
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.leaves():
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _in_forked_child() -> None:
+    """``os.register_at_fork``'s ``after_in_child``: a process forked while its parent holds leaves them to it."""
+    if _holding is None or not _holding[0] or not _held:
+        return
+    handler = _LeftToHolder(_holding, os.getppid())
+    for signum in _held:
+        signal.signal(signum, handler)
+    after_worker_signal_setup(handler.worker_started)

@@ -42,7 +42,6 @@ from lightning_resumable.internals._torch import (
     uses_worker_processes,
 )
 from lightning_resumable.readers.quiet_fork import FORK_DEADLOCK_FIXED_IN, affected_python, guarded_forks
-from lightning_resumable.readers.worker_signals import LeaveSigtermToRank
 
 __all__ = [
     "FORK_DEADLOCK_FIXED_IN",
@@ -52,7 +51,6 @@ __all__ = [
     "forking",
     "forks_workers",
     "garbage_collector_paused",
-    "leave_sigterm_to_rank",
     "retire",
     "retire_ended",
     "retire_previous",
@@ -147,7 +145,6 @@ def _iterator_after_retiring(loader: DataLoader[Any], make: Callable[[], Any]) -
         retire(previous)
         del previous
     warn_once_on_affected_python(loader)
-    leave_sigterm_to_rank(loader)
     with forking(make) as iterator:
         loader._previous_iterator = iterator
     return iterator
@@ -156,16 +153,10 @@ def _iterator_after_retiring(loader: DataLoader[Any], make: Callable[[], Any]) -
 def retire_previous(loader: DataLoader[Any]) -> None:
     """Retire the iterator a `RetiringLoader` (or a `worker_safe` loader) keeps until its next pass: at
     the end of a fit, so that no worker outlives it (at the interpreter's exit, multiprocessing would
-    SIGTERM them, which a worker whose rank held SIGTERM lets pass once)."""
+    SIGTERM them)."""
     previous = loader.__dict__.pop("_previous_iterator", None)
     if previous is not None:
         retire(previous)
-
-
-def leave_sigterm_to_rank(loader: DataLoader[Any]) -> None:
-    """Let ``loader``'s workers leave a SIGTERM to their rank while it holds one (`LeaveSigtermToRank`)."""
-    if not isinstance(loader.worker_init_fn, LeaveSigtermToRank):
-        loader.worker_init_fn = LeaveSigtermToRank(loader.worker_init_fn)
 
 
 class RetiringLoader(MakesIterators, DataLoader[Any]):
@@ -179,8 +170,8 @@ class ForkingEachPass(MakesIterators):
     """A mixin for a data library's loader that makes a new torch iterator each pass (LitData's,
     Mosaic's): each made as `forking` makes it, and every one still alive retired at the end of a
     fit. An iterator Lightning left unexhausted (``max_steps``, a preemption, the read-ahead of a
-    save) keeps its workers waiting on their index queues; at the interpreter's exit
-    multiprocessing would join them for ever (they leave the SIGTERM it sends to their rank)."""
+    save) keeps its workers waiting on their index queues: they end with the fit, not at the
+    interpreter's exit."""
 
     def make_iterator(self, make: Callable[[], Any]) -> Any:
         with forking(make) as iterator:
