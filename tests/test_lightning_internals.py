@@ -140,10 +140,12 @@ def test_lightning_sets_no_handler_of_the_held_signals_until_its_teardown_which_
     torn_down: list[bool] = []
     try:
         keep_lightning_from_signals(trainer, (int(signal.SIGTERM),), lambda: torn_down.append(True))
-        copied = pickle.loads(pickle.dumps(connector))
-        assert "_register_signal" not in vars(copied) or vars(copied)["_register_signal"] is type(
-            connector
-        )._register_signal
+        copied = pickle.loads(pickle.dumps(connector))  # Lightning's own methods, bound to the copy
+        assert vars(copied)["_register_signal"] is type(connector)._register_signal
+        assert (
+            vars(copied)["teardown"].__func__ is type(connector).teardown
+            and vars(copied)["teardown"].__self__ is copied
+        )
         connector.register_signal_handlers()
         assert signal.getsignal(signal.SIGTERM) is held  # not Lightning's composed handler
         connector._register_signal(signal.SIGUSR1, signal.SIG_DFL)
