@@ -5,6 +5,7 @@ one-process fit that gets SIGTERM before its train loop ends at the train start 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -104,11 +105,25 @@ def holding() -> Iterator[DeferredSignals]:
         signals.uninstall()
 
 
+_children: list[int] = []
+
+
+@pytest.fixture(autouse=True)
+def no_child_outlives_its_test() -> Iterator[None]:
+    yield
+    while _children:
+        child = _children.pop()
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+
+
 def forked(body: Callable[[Callable[[bytes], None]], None]) -> tuple[int, Callable[[], bytes]]:
     """Fork a child that runs ``body(say)`` and then waits for signals forever; ``say`` writes a byte to the
-    parent, which reads them one at a time (``b""``: the child has ended)."""
+    parent, which reads them one at a time (``b""``: the child has ended). Killed at the test's end."""
     read_end, write_end = os.pipe()
     child = os.fork()
+    _children.append(child)
     if child == 0:  # pragma: no cover  (the child)
         os.close(read_end)
         try:
@@ -172,15 +187,19 @@ def test_a_process_whose_holder_has_gone_ends_on_the_signal(holding: DeferredSig
         os._exit(0)
     os.close(write_end)
     grandchild = int(os.read(read_end, 10))
-    assert ended_by(child) == 0
-    scheduler_signals(grandchild)
-    for _ in range(1000):  # not this process's child: poll /proc until it has ended (delivery is asynchronous)
-        stat = Path(f"/proc/{grandchild}/stat")
-        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            break
-        signal.sigtimedwait([], 0.01)
-    else:
-        raise AssertionError("the orphaned process ignored SIGTERM")
+    try:
+        assert ended_by(child) == 0
+        scheduler_signals(grandchild)
+        for _ in range(1000):  # not this process's child: poll /proc until it has ended (delivery is asynchronous)
+            stat = Path(f"/proc/{grandchild}/stat")
+            if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            signal.sigtimedwait([], 0.01)
+        else:
+            raise AssertionError("the orphaned process ignored SIGTERM")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(grandchild, signal.SIGKILL)
 
 
 def torch_worker(say: Callable[[bytes], None]) -> None:
@@ -210,6 +229,29 @@ def test_a_torch_worker_leaves_a_schedulers_sigterm_to_its_rank_until_its_loader
     assert heard() == b"l"
     os.kill(child, signal.SIGUSR2)
     assert heard() == b"d"
+    scheduler_signals(child)
+    assert heard() == b""
+    assert ended_by(child) == signal.SIGTERM
+
+
+def test_a_sigterm_right_after_torch_set_its_worker_handler_is_left_to_the_rank_too(
+    holding: DeferredSignals, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between torch's handler and the library's there is a moment: a SIGTERM then (here sent from within torch's
+    setup, synchronously) waits until the library's handler is in place (a group signal at the next epoch's
+    workers' start once ended a worker of rank 1 that way)."""
+    from torch.utils.data._utils import signal_handling
+
+    torch_sets = signal_handling._set_worker_signal_handlers  # type: ignore[attr-defined]
+
+    def sets_then_a_signal_arrives() -> None:
+        torch_sets()
+        scheduler_signals(os.getpid())
+
+    monkeypatch.setattr(signal_handling, "_set_worker_signal_handlers", sets_then_a_signal_arrives)
+    child, heard = forked(torch_worker)
+    assert heard() == b"r"  # alive: the signal waited, then went to the library's handler, which left it
+    stop_leaving_signals()
     scheduler_signals(child)
     assert heard() == b""
     assert ended_by(child) == signal.SIGTERM

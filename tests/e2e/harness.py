@@ -84,7 +84,8 @@ class Scenario:
     sharded checkpoint: a directory).
     ``online_mixing``: every so many batches of an epoch the training sets the mixture's weights from each
     source's mean loss (`train.reweighted`); ``online_in_validation`` also sets them in every validation;
-    ``online_disagree`` makes rank 1 ask for other weights than rank 0.
+    ``online_disagree`` makes rank 1 ask for other weights than rank 0. ``val_workers``: the validation
+    loader's workers.
     """
 
     world_size: int
@@ -134,6 +135,7 @@ class Scenario:
     online_mixing: int = 0
     online_in_validation: bool = False
     online_disagree: bool = False
+    val_workers: int = 0
 
     @property
     def batches_per_epoch(self) -> int:

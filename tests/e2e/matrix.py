@@ -22,6 +22,7 @@ from .harness import (
     ids_in_epoch,
     stream_order,
 )
+from .preemption import PREEMPTION_WHENS, Preemption
 
 _SAMPLERS = ("shuffle", "shuffle", "weighted", "replacement", "num_samples", "subset", "bucketing")
 
@@ -391,3 +392,99 @@ def chain_problems(runner: Runner, scenario: Scenario, legs: Sequence[Leg], run_
 
 def described(legs: Sequence[Leg]) -> str:
     return " -> ".join(f"{leg.kind}@{leg.epoch}.{leg.batch}/w{leg.num_workers}" for leg in legs)
+
+
+# ------------------------------------------------------------------------------- the preemption matrix
+PREEMPTION_TARGETS = ("every rank", "rank 0", "rank 1", "group", "group", "launcher")
+"""Where a SIGTERM goes (`train.Preempt`): the whole process group (SLURM, ``kill -- -PGID``) twice as often."""
+
+
+def _preempted(seed: int, scenario: Scenario) -> tuple[Scenario, Preemption]:
+    """The preemption of ``scenario`` that ``seed`` draws (`tests.e2e.preemption.Preemption`), within what
+    docs/guarantees.md promises: the signal lands before the fit's last batch, so it ends through
+    ``SIGTERMException``; a sanity check only in a fresh fit (a resumed one runs none); the next epoch's workers
+    start only in a later epoch; a save only where the run saves periodically."""
+    draw = random.Random(seed * 15485863 + 44)
+    if scenario.world_size == 1 and draw.random() < 0.7 and scenario.strategy == "ddp":
+        scenario = replace(scenario, world_size=2)  # preemption is the job of many processes: mostly two
+    when = draw.choice(PREEMPTION_WHENS)
+    requeue = draw.random() < 0.25
+    if when == "save" and not scenario.extra_saves_every:
+        scenario = replace(scenario, extra_saves_every=draw.choice((1, 2)))
+    targets = ("every rank", "rank 0", "rank 1", "group", "group") if requeue else PREEMPTION_TARGETS
+    if scenario.world_size == 1:
+        targets = tuple(target for target in targets if target != "rank 1")
+    target = draw.choice(targets)
+    per_epoch, epochs = scenario.batches_per_epoch, scenario.epochs
+    if when == "workers_start" and epochs < 2:
+        scenario = replace(scenario, epochs=2)
+        epochs = 2
+    # The batches the signal may take to land and be acted on, which must come before the run's last: the next
+    # validation (every second batch), the next periodic save, the accumulation window's end, and for the requeue
+    # signal the requeue's own SIGTERM, acted on a batch later.
+    window = scenario.accumulate
+    margin = 1 + window + (2 if requeue else 0) + (2 if when == "validation" else 0)
+    margin += (scenario.extra_saves_every or 2) * window if when == "save" else 0
+    total = epochs * per_epoch
+    places = [(index // per_epoch, index % per_epoch) for index in range(total - margin)] or [(0, 0)]
+    if when == "workers_start":
+        places = [(epoch, 0) for epoch in range(1, epochs) if epoch * per_epoch < total - margin] or [(1, 0)]
+    at = draw.choice(places)
+    resumed_first = None
+    first_places = [place for place in places if place < at and place[1] < per_epoch - 1]
+    if when not in ("setup", "sanity", "train_start"):
+        first_places = [place for place in first_places if place[0] == at[0]]  # the epoch the resume starts in
+    if when != "sanity" and first_places and draw.random() < 0.4:
+        resumed_first = draw.choice(first_places)
+    if when in ("setup", "sanity", "train_start"):
+        at = (0, 0)
+    val_workers = draw.choice((0, 2))
+    scenario = replace(scenario, num_workers=draw.choice((0, 2, 2)), val_workers=val_workers)
+    preemption = Preemption(
+        signal="USR1" if requeue else "TERM",
+        target=target,
+        when=when,
+        at=at,
+        resumed_first=resumed_first,
+        launcher="torchrun" if target == "launcher" else "fork",
+        sanity_steps=2 if when == "sanity" else 0,
+    )
+    return scenario, preemption
+
+
+def draw_preemption(seed: int) -> tuple[Scenario, Preemption]:
+    """A preempted run, its setup drawn as `draw_case` draws it (a map-style loader, a stream, a mixture,
+    several loaders), on the same world size and workers at the resume, with 0 or 2 workers."""
+    base, _ = draw_case(seed)
+    scenario = replace(
+        base,
+        stop_kind="batch_end",
+        stop_epoch=1,
+        stop_batch_override=None,
+        resume_num_workers=None,
+        resume_mixture_weights=None,
+        resume_mixture_sources=None,
+        resume_world_size=None,
+        evaluate_before_resume=False,
+        callback_options=(),
+    )
+    return _preempted(seed, scenario)
+
+
+def draw_library_preemption(seed: int) -> tuple[Scenario, Preemption]:
+    """A preempted run over a data library's loader (LitData's, Mosaic's, a mixture of their chunked datasets),
+    drawn as `draw_library_case` draws it, on the same world size and workers at the resume."""
+    base = draw_library_case(seed)
+    scenario = replace(
+        base,
+        stop_kind="batch_end",
+        stop_epoch=1,
+        resume_num_workers=None,
+        resume_mixture_weights=None,
+        resume_world_size=None,
+        evaluate_before_resume=False,
+    )
+    scenario, preemption = _preempted(seed, scenario)
+    if scenario.data == "litdata-combined":  # a CombinedStreamingDataset resumes exactly without workers only
+        scenario = replace(scenario, num_workers=0)
+    return scenario, preemption

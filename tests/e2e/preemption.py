@@ -2,19 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
-from dataclasses import asdict
+import uuid
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from . import processes
-from .harness import FIELDS, FORK, RUN_TIMEOUT_S, TRAIN_SCRIPT, Records, Runner, Scenario, fork_server, read_records
+from .harness import (
+    FIELDS,
+    FORK,
+    RUN_TIMEOUT_S,
+    TRAIN_SCRIPT,
+    WITH_PARAMETERS,
+    Records,
+    Runner,
+    Scenario,
+    fork_server,
+    read_records,
+    read_validations,
+)
+
+SLURM_JOB_ID = "4242"
 
 STEP_SECONDS = 0.05
 SIGNAL_AT_STEP = {"map": 16, "stream": 8, "mosaic": 8}
@@ -118,3 +134,207 @@ def resume_and_compare(full: Records, run: Path, scenario: Scenario, position: t
     resumed = read_records(run, "resume", scenario.world_size)
     for rank, expected in full.items():
         assert steps_of(trained[rank] + resumed[rank]) == steps_of(expected), f"rank {rank} after {what}"
+
+
+# ------------------------------------------------------------------------------- the preemption matrix
+EXIT_BOUND_S = float(os.environ.get("E2E_PREEMPTION_EXIT_BOUND_S", "20"))
+"""From the signal to the last process of the run gone: a few seconds (Lightning's teardown, the save, the
+workers' shutdown, the interpreter's exit) and one batch, on 2 busy cores."""
+HANG_AFTER_SIGNAL_S = 60.0
+"""A run with a process left this long after its signal hangs: its stacks are printed and it is killed."""
+PREEMPTION_WHENS = ("setup", "sanity", "train_start", "step", "batch", "validation", "save", "workers_start")
+"""Where `train.Preempt` sends its signal: in the callback's ``setup`` (before the restore), in the sanity check,
+at the train start (the first loaders' workers forked, nothing trained), during a training step or at its end,
+inside a validation, inside a checkpoint save, and while the next epoch's loader workers start (from a worker
+just forked; with no workers, at that epoch's start)."""
+SLURM_STUB = '''#!{python}
+"""scontrol as SLURM's: ``requeue JOB`` is recorded, then the job is terminated (SIGTERM to every process of the
+step, here the process group this stub runs in), as slurmctld does to a requeued job before it starts again."""
+import json, os, signal, sys, time
+with open({calls!r}, "a") as calls:
+    calls.write(json.dumps(sys.argv[1:]) + "\\n")
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open({signalled!r}, "w") as signalled:
+    signalled.write(json.dumps({{"at": time.monotonic(), "when": "requeued", "pid": os.getpid()}}))
+os.killpg(os.getpgrp(), signal.SIGTERM)
+'''
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """How a run is preempted (`train.Preempt`): ``signal`` (``TERM``; ``USR1``: SLURM's requeue signal in a SLURM
+    job step, the requeue then terminating the job with SIGTERM) to ``target`` at the first point of kind ``when``
+    at or after batch ``at``; ``resumed_first``: the preempted run resumes a run stopped there (a checkpoint at the
+    end of that batch), so the signal lands in the first epoch after a resume; ``launcher``: ``fork`` (the fork
+    server, as an external launcher starts the ranks) or ``torchrun``; ``sanity_steps``: the preempted run's
+    sanity check."""
+
+    signal: str = "TERM"
+    target: str = "group"
+    when: str = "batch"
+    at: tuple[int, int] = (0, 2)
+    resumed_first: tuple[int, int] | None = None
+    launcher: str = "fork"
+    sanity_steps: int = 0
+
+    def label(self) -> str:
+        first = "" if self.resumed_first is None else f"-after-resume@{self.resumed_first[0]}.{self.resumed_first[1]}"
+        target = self.target.replace(" ", "_")
+        return f"SIG{self.signal}-to-{target}-{self.when}@{self.at[0]}.{self.at[1]}{first}-{self.launcher}"
+
+
+@dataclass
+class PreemptedRun:
+    """What a preemption case measured: the seconds from the signal to the last process gone, and the problems
+    (empty: it ended cleanly and resumed exactly)."""
+
+    exit_s: float | None
+    problems: list[str]
+
+
+def _leg_config(run: Path, phase: str, scenario: Scenario, previous: Path | None, **extra: Any) -> Path:
+    values = {
+        **asdict(scenario),
+        "phase": phase,
+        "out_dir": str(run),
+        "first_world_size": scenario.world_size,
+        "checkpoint": str(run / f"{phase}.ckpt"),
+        "stop": {"kind": "none", "epoch": -1, "batch": -1},
+        "resume_from": None if previous is None else str(previous),
+        **extra,
+    }
+    path = run / f"{phase}.json"
+    path.write_text(json.dumps(values))
+    return path
+
+
+def _run_leg(run: Path, phase: str, scenario: Scenario, previous: Path | None, **extra: Any) -> None:
+    path, log = _leg_config(run, phase, scenario, previous, **extra), run / f"{phase}.log"
+    code = fork_server().run(path, scenario.world_size, log, run, RUN_TIMEOUT_S, f"{scenario.label()} {phase}")
+    assert code == 0, f"{scenario.label()} {phase} exited {code}:\n{log.read_text()[-4000:]}"
+
+
+def _kept_at(run: Path, phase: str, world_size: int, checkpoint: Path) -> tuple[Records, Records]:
+    """Per rank, the steps and validations of ``phase`` that a resume from ``checkpoint`` (written by it) keeps:
+    what the rank had recorded at the last save of that global step (`train.StepRecorder.on_save_checkpoint`)."""
+    step = int(torch.load(checkpoint, weights_only=False, map_location="cpu")["global_step"])
+    steps, validations = read_records(run, phase, world_size), read_validations(run, phase, world_size)
+    for rank in range(world_size):
+        saves = (run / f"{phase}.saves.rank{rank}.jsonl").read_text().splitlines()
+        saved = [json.loads(line) for line in saves if json.loads(line)["global_step"] == step][-1]
+        steps[rank], validations[rank] = steps[rank][: saved["steps"]], validations[rank][: saved["validations"]]
+    return steps, validations
+
+
+def run_preemption(runner: Runner, scenario: Scenario, preemption: Preemption, run: Path) -> PreemptedRun:
+    """Run ``scenario`` preempted as ``preemption`` says, then resume its checkpoint to the end; compare every
+    rank's steps (ids, content, loss and parameter bits) and validations with the uninterrupted run's.
+
+    Raises:
+        AssertionError: a run hung (every process's stack printed) or a leg failed.
+    """
+    full, full_validations = runner.full(scenario), runner.full_validations(scenario)
+    world_size = scenario.world_size
+    run.mkdir(parents=True, exist_ok=True)
+    steps: Records = {rank: [] for rank in range(world_size)}
+    validations: Records = {rank: [] for rank in range(world_size)}
+    previous: Path | None = None
+    if preemption.resumed_first is not None:  # a first run, stopped by a save at the end of that batch
+        epoch, batch = preemption.resumed_first
+        stop = {"kind": "batch_end", "epoch": epoch, "batch": batch, "val_batch": 1}
+        _run_leg(run, "first", scenario, None, stop=stop, leg={"kind": "batch_end"})
+        previous = run / "first.ckpt"
+        # Saved at that batch's end and ended there: every step and validation it recorded is before the save.
+        steps, validations = read_records(run, "first", world_size), read_validations(run, "first", world_size)
+
+    token = uuid.uuid4().hex  # in the environment of every process torchrun starts (fork-server runs share a group)
+    extra: dict[str, Any] = {
+        "preempt": {"signal": preemption.signal, "target": preemption.target, "when": preemption.when},
+        "on_exception_checkpoint": True,
+        "sanity_steps": preemption.sanity_steps,
+    }
+    extra["preempt"]["at"] = list(preemption.at)
+    env: dict[str, str] = {"PYTHONUNBUFFERED": "1", "E2E_RUN_TOKEN": token}
+    scontrol_calls = run / "scontrol.calls"
+    if preemption.signal == "USR1":  # a SLURM job step: Lightning's auto-requeue, scontrol a stub
+        stub_bin = run / "bin"
+        stub_bin.mkdir(exist_ok=True)
+        stub = stub_bin / "scontrol"
+        stub.write_text(
+            SLURM_STUB.format(python=sys.executable, calls=str(scontrol_calls), signalled=str(run / "requeued.json"))
+        )
+        stub.chmod(0o755)
+        env.update(
+            PATH=f"{stub_bin}{os.pathsep}{os.environ['PATH']}",
+            SLURM_JOB_ID=SLURM_JOB_ID,
+            SLURM_JOB_NAME="train",
+            SLURM_NTASKS=str(world_size),
+            SLURM_NTASKS_PER_NODE=str(world_size),
+            SLURM_NNODES="1",
+            SLURM_NODEID="0",
+            SLURM_NODELIST="localhost",
+        )
+    path, log = _leg_config(run, "preempt", scenario, previous, **extra), run / "preempt.log"
+    what = f"{scenario.label()} preempted ({preemption.label()})"
+    if preemption.launcher == "torchrun":
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}"]
+        process: Any = processes.launch([*command, str(TRAIN_SCRIPT), str(path)], log, run, {**os.environ, **env})
+    else:
+        process = fork_server().launch(path, world_size, log, run, env)
+    started, sent = time.monotonic(), run / "preempt.signalled.json"
+
+    def deadline() -> float:  # a run that has not ended a minute after the signal hangs
+        return json.loads(sent.read_text())["at"] + HANG_AFTER_SIGNAL_S if sent.exists() else started + RUN_TIMEOUT_S
+
+    try:
+        gone_at = processes.wait_gone(process.pid, f"E2E_RUN_TOKEN={token}", deadline, what, run, log)
+    finally:  # whatever failed, nothing of the run outlives the case
+        for pid in processes.members_with(process.pid, f"E2E_RUN_TOKEN={token}"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        process.wait(timeout=RUN_TIMEOUT_S)  # reaped (the fork server answers once its leader has ended)
+    problems: list[str] = []
+    signalled = run / ("requeued.json" if preemption.signal == "USR1" else "preempt.signalled.json")
+    if not (run / "preempt.signalled.json").exists():
+        return PreemptedRun(None, [f"{what}: the signal was never sent; the log:\n{log.read_text()[-3000:]}"])
+    if not signalled.exists():
+        return PreemptedRun(None, [f"{what}: the job never asked to be requeued; the log:\n{log.read_text()[-3000:]}"])
+    exit_s = gone_at - json.loads(signalled.read_text())["at"]
+    if exit_s > EXIT_BOUND_S:
+        problems.append(f"the processes ended {exit_s:.1f} s after the signal (bound {EXIT_BOUND_S:.0f} s)")
+    ended = {}
+    for rank in range(world_size):
+        record = run / f"preempt.ended.rank{rank}.json"
+        ended[rank] = json.loads(record.read_text()) if record.exists() else {"exception": "no exception"}
+    if any(each["exception"] != "SIGTERMException" for each in ended.values()):
+        problems.append(f"not every rank ended through SIGTERMException: {ended}; log:\n{log.read_text()[-3000:]}")
+    elif len({(each["epoch"], each["step"]) for each in ended.values()}) != 1:
+        problems.append(f"the ranks ended at different batches: {ended}")
+    checkpoint = run / "on_exception.ckpt"
+    if preemption.signal == "USR1":
+        calls = scontrol_calls.read_text().splitlines() if scontrol_calls.exists() else []
+        if calls != [json.dumps(["requeue", SLURM_JOB_ID])]:
+            problems.append(f"scontrol was called {calls}, not once to requeue")
+        checkpoint = run / "hpc_ckpt_1.ckpt"  # the requeued job resumes from Lightning's HPC checkpoint
+    if not checkpoint.exists():
+        problems.append(f"no checkpoint {checkpoint.name}; the log:\n{log.read_text()[-3000:]}")
+    if problems:
+        return PreemptedRun(exit_s, problems)
+    preempted, kept_validations = _kept_at(run, "preempt", world_size, checkpoint)
+    _run_leg(run, "end", scenario, checkpoint)  # (a phase named "resume..." reads its own checkpoint path)
+    resumed, resumed_validations = read_records(run, "end", world_size), read_validations(run, "end", world_size)
+    fields = [name for name in WITH_PARAMETERS if name != "batch"]  # (Lightning's numbering after resumes)
+    for rank, expected in full.items():
+        got = steps[rank] + preempted[rank] + resumed[rank]
+        wanted = [{name: each.get(name) for name in fields} for each in expected]
+        have = [{name: each.get(name) for name in fields} for each in got]
+        if have != wanted:
+            where = next((index for index, (w, h) in enumerate(zip(wanted, have, strict=False)) if w != h), None)
+            problems.append(
+                f"rank {rank}: {len(have)} steps, {len(wanted)} expected; first difference at step {where}"
+                f" ({checkpoint.name})"
+            )
+        got_validations = validations[rank] + kept_validations[rank] + resumed_validations[rank]
+        if got_validations != full_validations[rank]:
+            problems.append(f"rank {rank}: validations {got_validations}, expected {full_validations[rank]}")
+    return PreemptedRun(exit_s, problems)

@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,59 @@ def wait_tree(process: subprocess.Popen[bytes], timeout: float, what: str, stack
         ) from None
     finally:
         kill_tree(process)
+
+
+def members_with(group: int, token: str) -> list[int]:
+    """The living processes of a launch: its first process, its process group's (the first makes the group),
+    and (for a launcher that starts ranks in sessions of their own, as torchrun does) every process whose
+    environment holds ``token``."""
+    members = set(living_members(group))
+    leader = Path(f"/proc/{group}/stat")  # the group's first process, before it has made the group its own
+    with contextlib.suppress(FileNotFoundError, ProcessLookupError, IndexError):
+        if leader.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            members.add(group)
+    needle = token.encode()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in environ.read_bytes():
+                stat = (environ.parent / "stat").read_text().rsplit(")", 1)[1].split()
+                if stat[0] != "Z":
+                    members.add(int(environ.parent.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+            continue
+    return sorted(members)
+
+
+def wait_gone(
+    group: int, token: str, deadline: Callable[[], float], what: str, stacks_dir: Path, log_path: Path
+) -> float:
+    """Wait until every process of a launch (`members_with`) has ended; the moment it had, by
+    ``time.monotonic()`` (comparable across processes). Past ``deadline()`` (a ``time.monotonic()`` moment,
+    asked again at each look) each one's stacks are written and all are killed, as `wait_tree` does.
+
+    Raises:
+        AssertionError: a process of the launch still ran after the deadline.
+    """
+    started = time.monotonic()
+    while members := members_with(group, token):
+        if time.monotonic() >= deadline():
+            timeout = time.monotonic() - started
+            native = native_stacks(members)
+            (stacks_dir / "native-stacks.txt").write_text(native)
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, STACK_SIGNAL)
+            _wait_for_stacks(stacks_dir, len(members))
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            log = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
+            raise AssertionError(
+                f"{what}: processes {members} still ran {timeout:.0f} s on; they were killed. Each one's Python"
+                f" stack:\n{_stacks(stacks_dir)}\n--- native stacks ---\n{native}\n--- log tail ---\n{log}"
+            )
+        time.sleep(0.01)  # polling /proc until the processes have ended
+    return time.monotonic()
 
 
 def run_tree(

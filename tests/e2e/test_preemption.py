@@ -25,6 +25,7 @@ from .preemption import (
     PREEMPTION_TIMEOUT_S,
     SIGNAL_AT_STEP,
     SIGNALLED,
+    SLURM_JOB_ID,
     STEP_SECONDS,
     before,
     config,
@@ -89,9 +90,6 @@ def test_a_sigterm_inside_an_accumulation_window_is_acted_on_at_its_end(
 
 
 # ------------------------------------------------------------------------------ SLURM auto-requeue
-SLURM_JOB_ID = "4242"
-
-
 def slurm_launch(
     run: Path, phase: str, stub_bin: Path, port: int, scenario: Scenario = PREEMPTED, **extra: Any
 ) -> subprocess.Popen[bytes]:

@@ -448,12 +448,22 @@ class StepRecorder(L.Callback):
         self.recorder = Recorder(out_dir / f"{self.config['phase']}.rank{trainer.global_rank}.jsonl")
         self.validations = Recorder(out_dir / f"{self.config['phase']}.val.rank{trainer.global_rank}.jsonl")
 
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        """What this rank had recorded at each save of the fit (the steps and validations a resume from it keeps)."""
+        if trainer.state.fn != "fit":
+            return
+        saved = {"global_step": trainer.global_step, "steps": self.steps, "validations": self.validated}
+        with (Path(self.config["out_dir"]) / f"{self.config['phase']}.saves.rank{trainer.global_rank}.jsonl").open(
+            "a"
+        ) as saves:
+            saves.write(json.dumps(saved) + "\n")
+
     def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
         """How this rank's fit ended, and where: a preemption must end every rank through Lightning's exception
         at the same step."""
         done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
         ended = {"exception": type(exception).__name__, "epoch": trainer.current_epoch, "batches": done}
-        ended["step"] = trainer.global_step
+        ended.update(step=trainer.global_step, message=str(exception)[:500])
         out = Path(self.config["out_dir"]) / f"{self.config['phase']}.ended.rank{trainer.global_rank}.json"
         out.write_text(json.dumps(ended))
 
@@ -933,18 +943,11 @@ def launched_rank() -> int:
     return 0
 
 
-PREEMPTION_WHENS = ("setup", "sanity", "train_start", "step", "batch", "validation", "save", "workers_start")
-"""Where `Preempt` sends its signal: in the callback's ``setup`` (before the restore), in the sanity check, at the
-train start (the first loaders' workers forked, nothing trained), during a training step or at its end, inside
-a validation, inside a checkpoint save, and while the next epoch's loader workers start (in a worker just
-forked; with no workers, at that epoch's start)."""
-
-
 class Preempt(L.Callback):
     """Signals the run as a cluster does (``config["preempt"]``): ``signal`` (``TERM``, or ``USR1``, SLURM's
     requeue signal) to ``target`` (``every rank``, ``rank 0``, ``rank 1``, ``group``: the process group, loader
     workers included; ``launcher``: torchrun's agent, which signals each rank's process group), once, at the
-    first point of kind ``when`` (`PREEMPTION_WHENS`) at or after batch ``at`` = [epoch, batch]. The signal
+    first point of kind ``when`` (``preemption.PREEMPTION_WHENS``) at or after batch ``at`` = [epoch, batch]. The signal
     comes from a ``kill`` process, as from a scheduler: torch's worker handler tells its parent's SIGTERM from
     anyone else's. The time it was sent goes to ``{phase}.signalled.json``."""
 
@@ -983,8 +986,11 @@ class Preempt(L.Callback):
             "launcher": [Path(f"/proc/{pids[0]}/stat").read_text().rsplit(")", 1)[1].split()[1]],  # rank 0's parent
         }[target]
         sent = {"at": time.monotonic(), "when": self.when, "pid": os.getpid(), "targets": targets}
-        (self.out / f"{phase}.signalled.json").write_text(json.dumps(sent))
-        subprocess.run(["kill", "-s", self.preempt["signal"], "--", *targets], check=True)
+        written = self.out / f"{phase}.signalled.json.{os.getpid()}"
+        written.write_text(json.dumps(sent))
+        written.rename(self.out / f"{phase}.signalled.json")  # whole when a test reads it
+        # From a process outside the job's process group, as from a scheduler (and not killed by its own signal).
+        subprocess.run(["kill", "-s", self.preempt["signal"], "--", *targets], check=True, start_new_session=True)
 
     def from_a_forked_worker(self) -> None:
         """In a process rank 0 forked while armed (a loader worker starting): the first one sends the signal."""

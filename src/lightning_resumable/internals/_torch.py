@@ -16,6 +16,7 @@ private names used for that, each tested against the installed torch by
 
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -106,13 +107,20 @@ def retire_iterator(iterator: object, timeout: float) -> None:
 def after_worker_signal_setup(started: Callable[[Any], None]) -> None:
     """In this (forked) process, call ``started(done_event)`` right after a loader worker's loop has set torch's
     own signal handlers: ``done_event`` is the event its loader sets when it shuts its workers down (``None``
-    if the caller is not such a loop). A process that never runs a worker loop never calls it."""
+    if the caller is not such a loop). A process that never runs a worker loop never calls it.
+
+    SIGTERM is blocked from before torch sets its handler (which ends a worker on a SIGTERM not from its parent)
+    until ``started`` has returned: one that arrives meanwhile waits, and goes to the handler ``started`` set."""
     from torch.utils.data._utils import signal_handling
 
     set_handlers = signal_handling._set_worker_signal_handlers  # type: ignore[attr-defined]
 
     def set_handlers_then_start(*args: Any) -> None:
-        set_handlers(*args)
-        started(sys._getframe(1).f_locals.get("done_event"))
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the worker has no other thread yet
+        try:
+            set_handlers(*args)
+            started(sys._getframe(1).f_locals.get("done_event"))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     signal_handling._set_worker_signal_handlers = set_handlers_then_start  # type: ignore[attr-defined]

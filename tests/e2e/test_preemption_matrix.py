@@ -1,0 +1,76 @@
+"""The preemption matrix: from one integer seed, a run preempted as a cluster does it (`matrix.draw_preemption`:
+SIGTERM, or SLURM's requeue signal in a SLURM job step; to every rank, one rank, the whole process group with the
+loader workers, or torchrun's agent; in setup, the sanity check, at the train start, in a step or at its end,
+inside a validation, inside a checkpoint save, while the next epoch's workers start; in a fresh fit or the first
+epoch after a resume; 0 or 2 workers; a map-style loader, a stream, a mixture, several loaders) must end on every
+rank through Lightning's ``SIGTERMException`` at one batch, leave no process running past `EXIT_BOUND_S`, and
+resume from its checkpoint exactly (ids, content, loss and parameter bits, validations).
+
+CI runs `PREEMPTION_SEEDS`; a soak: ``E2E_MATRIX_SOAK=200 python -m pytest -m e2e
+tests/e2e/test_preemption_matrix.py``. Each case's seconds from the signal to the last process gone are appended
+to ``E2E_PREEMPTION_TIMES`` (a JSON line each), where that names a file: ``benchmarks/preemption_exit.py``
+summarises them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from .harness import Runner
+from .matrix import draw_library_preemption, draw_preemption, library_data_written, seeds
+from .preemption import PREEMPTION_WHENS, Preemption, run_preemption
+
+PREEMPTION_SEEDS = ()
+"""The seeds CI runs (chosen so that every signal, target and moment is among them; see `test_the_seeds_cover`)."""
+LIBRARY_PREEMPTION_SEEDS = ()
+"""LitData's and Mosaic's loaders, in CI's extras step."""
+
+
+def _judged(runner: Runner, seed: int, drawn: tuple[object, Preemption], rerun: str) -> None:
+    scenario, preemption = drawn
+    where = f"seed {seed} ({scenario.label()}; {preemption.label()})"  # type: ignore[attr-defined]
+    try:
+        outcome = run_preemption(runner, scenario, preemption, runner.root / f"preempt{seed}")  # type: ignore[arg-type]
+    except AssertionError as error:
+        raise AssertionError(f"{where}: a run failed or hung; rerun: {rerun}\n{error}") from None
+    times = os.environ.get("E2E_PREEMPTION_TIMES")
+    if times and outcome.exit_s is not None:
+        line = {"seed": seed, "exit_s": outcome.exit_s, "case": preemption.label(), "setup": scenario.label()}  # type: ignore[attr-defined]
+        with Path(times).open("a") as file:
+            file.write(json.dumps(line) + "\n")
+    assert outcome.problems == [], f"{where}; rerun: {rerun}\n" + "\n".join(outcome.problems[:6])
+
+
+@pytest.mark.parametrize("seed", seeds(fixed=PREEMPTION_SEEDS))
+def test_a_drawn_preemption_ends_cleanly_and_resumes_exactly(runner: Runner, seed: int) -> None:
+    rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_preemption_matrix.py -k drawn_preemption"
+    _judged(runner, seed, draw_preemption(seed), rerun)
+
+
+@pytest.mark.parametrize("seed", seeds(fixed=LIBRARY_PREEMPTION_SEEDS))
+def test_a_drawn_preemption_of_a_data_librarys_loader_ends_cleanly_and_resumes_exactly(
+    runner: Runner, seed: int
+) -> None:
+    scenario, preemption = draw_library_preemption(seed)
+    needed = {"mosaic": ["streaming"], "sharded-mixture": ["litdata", "streaming"]}.get(scenario.data, ["litdata"])
+    missing = [library for library in needed if importlib.util.find_spec(library) is None]
+    if missing:
+        pytest.skip(f"{missing} not installed")
+    library_data_written(runner, scenario.data)
+    rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_preemption_matrix.py -k library"
+    _judged(runner, seed, (scenario, preemption), rerun)
+
+
+def test_the_seeds_cover_every_signal_target_and_moment() -> None:
+    drawn = [draw_preemption(seed)[1] for seed in PREEMPTION_SEEDS]
+    assert {each.when for each in drawn} == set(PREEMPTION_WHENS)
+    assert {each.target for each in drawn} == {"every rank", "rank 0", "rank 1", "group", "launcher"}
+    assert {each.signal for each in drawn} == {"TERM", "USR1"}
+    assert any(each.resumed_first is not None for each in drawn)
+    assert {draw_preemption(seed)[0].data for seed in PREEMPTION_SEEDS} >= {"map", "stream", "mixture"}
+    assert {draw_preemption(seed)[0].num_workers for seed in PREEMPTION_SEEDS} == {0, 2}
