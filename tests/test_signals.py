@@ -355,3 +355,62 @@ def test_a_sigterm_before_the_train_loop_ends_the_fit_at_its_start(tmp_path: Pat
         resumed, Data(), ckpt_path=tmp_path / "on_exception.ckpt"
     )
     assert model.seen + resumed.seen == full.seen
+
+
+class Validated(Model):
+    """Records the global step of each validation of a fit (not the sanity check's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.validated: list[int] = []
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        if not self.trainer.sanity_checking and batch_idx == 0:
+            self.validated.append(self.trainer.global_step)
+
+
+class ValidatedData(Data):
+    def val_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(TensorDataset(torch.arange(4).float().unsqueeze(1)), batch_size=2)
+
+
+class StopAfter(L.Callback):
+    """Saves after batch ``batch``'s end (before the validation due after it) and stops the fit there."""
+
+    def __init__(self, batch: int, path: Path) -> None:
+        self.batch, self.path = batch, path
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.batch + 1:
+            trainer.save_checkpoint(self.path)
+            raise KeyboardInterrupt  # (Lightning's graceful stop; the save above is the one resumed)
+
+
+def test_a_fit_preempted_before_its_first_batch_keeps_the_validation_its_restore_left_due(tmp_path: Path) -> None:
+    """Resumed from a save at a batch's end with a validation due after it, a fit that a SIGTERM in setup ends at
+    the train start writes the loops it was restored from: the run resumed from that checkpoint validates at
+    every step the uninterrupted run did (it skipped the due one when the live loops, reset by Lightning's
+    restart, were written)."""
+    L.seed_everything(5, verbose=False)
+    options = {"val_check_interval": 2, "num_sanity_val_steps": 0, "enable_checkpointing": True}
+    full = Validated()
+    trainer(tmp_path / "full", [ResumableDataCallback()], **options).fit(full, ValidatedData())
+    assert full.validated == [2, 4, 6, 8]
+    first, stopped = tmp_path / "stopped.ckpt", Validated()
+    with pytest.raises(SystemExit):
+        trainer(tmp_path / "stop", [ResumableDataCallback(), StopAfter(3, first)], **options).fit(
+            stopped, ValidatedData()
+        )
+    preempted = Validated()
+    saving = OnExceptionCheckpoint(tmp_path, filename="on_exception")
+    signalled = [ResumableDataCallback(), SignalledAt("setup"), saving]
+    with pytest.raises(SIGTERMException):
+        trainer(tmp_path / "preempt", signalled, **options).fit(preempted, ValidatedData(), ckpt_path=first)
+    assert preempted.seen == [] and preempted.validated == []
+    resumed = Validated()
+    checkpoint = tmp_path / "on_exception.ckpt"
+    trainer(tmp_path / "resume", [ResumableDataCallback()], **options).fit(
+        resumed, ValidatedData(), ckpt_path=checkpoint
+    )
+    assert stopped.seen[:4] + resumed.seen == full.seen
+    assert [step for step in stopped.validated if step < 4] + resumed.validated == full.validated

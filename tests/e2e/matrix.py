@@ -440,6 +440,11 @@ def _preempted(seed: int, scenario: Scenario) -> tuple[Scenario, Preemption]:
         at = (0, 0)
     val_workers = draw.choice((0, 2))
     scenario = replace(scenario, num_workers=draw.choice((0, 2, 2)), val_workers=val_workers)
+    again = None  # a second signal while the fit ends (SIGTERM again, or SLURM's SIGKILL after its KillWait)
+    if not requeue and draw.random() < 0.3:
+        again = draw.choice(("at_once", "while_ending", "kill_while_saving"))
+        if again == "kill_while_saving" and not scenario.extra_saves_every:
+            scenario = replace(scenario, extra_saves_every=1)  # the checkpoint that resumes
     preemption = Preemption(
         signal="USR1" if requeue else "TERM",
         target=target,
@@ -448,6 +453,7 @@ def _preempted(seed: int, scenario: Scenario) -> tuple[Scenario, Preemption]:
         resumed_first=resumed_first,
         launcher="torchrun" if target == "launcher" else "fork",
         sanity_steps=2 if when == "sanity" else 0,
+        again=again,
     )
     return scenario, preemption
 

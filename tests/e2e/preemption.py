@@ -167,7 +167,9 @@ class Preemption:
     at or after batch ``at``; ``resumed_first``: the preempted run resumes a run stopped there (a checkpoint at the
     end of that batch), so the signal lands in the first epoch after a resume; ``launcher``: ``fork`` (the fork
     server, as an external launcher starts the ranks) or ``torchrun``; ``sanity_steps``: the preempted run's
-    sanity check."""
+    sanity check; ``again``: a second signal, ``at_once`` (right after the first), ``while_ending`` (as the
+    exception path's checkpoint is written) or ``kill_while_saving`` (SIGKILL a moment after that save began:
+    SLURM's, after its KillWait; a checkpoint is then whole or absent, and the last periodic one resumes)."""
 
     signal: str = "TERM"
     target: str = "group"
@@ -176,11 +178,13 @@ class Preemption:
     resumed_first: tuple[int, int] | None = None
     launcher: str = "fork"
     sanity_steps: int = 0
+    again: str | None = None
 
     def label(self) -> str:
         first = "" if self.resumed_first is None else f"-after-resume@{self.resumed_first[0]}.{self.resumed_first[1]}"
         target = self.target.replace(" ", "_")
-        return f"SIG{self.signal}-to-{target}-{self.when}@{self.at[0]}.{self.at[1]}{first}-{self.launcher}"
+        again = "" if self.again is None else f"-again-{self.again}"
+        return f"SIG{self.signal}-to-{target}-{self.when}@{self.at[0]}.{self.at[1]}{first}{again}-{self.launcher}"
 
 
 @dataclass
@@ -216,12 +220,14 @@ def _run_leg(run: Path, phase: str, scenario: Scenario, previous: Path | None, *
 
 def _kept_at(run: Path, phase: str, world_size: int, checkpoint: Path) -> tuple[Records, Records]:
     """Per rank, the steps and validations of ``phase`` that a resume from ``checkpoint`` (written by it) keeps:
-    what the rank had recorded at the last save of that global step (`train.StepRecorder.on_save_checkpoint`)."""
+    what the rank had recorded at the last save of that global step, on the exception's path or not, as the
+    checkpoint was written (`train.StepRecorder.on_save_checkpoint`)."""
     step = int(torch.load(checkpoint, weights_only=False, map_location="cpu")["global_step"])
+    interrupted = checkpoint.name == "on_exception.ckpt"
     steps, validations = read_records(run, phase, world_size), read_validations(run, phase, world_size)
     for rank in range(world_size):
-        saves = (run / f"{phase}.saves.rank{rank}.jsonl").read_text().splitlines()
-        saved = [json.loads(line) for line in saves if json.loads(line)["global_step"] == step][-1]
+        saves = [json.loads(line) for line in (run / f"{phase}.saves.rank{rank}.jsonl").read_text().splitlines()]
+        saved = [each for each in saves if (each["global_step"], each["interrupted"]) == (step, interrupted)][-1]
         steps[rank], validations[rank] = steps[rank][: saved["steps"]], validations[rank][: saved["validations"]]
     return steps, validations
 
@@ -253,7 +259,7 @@ def run_preemption(runner: Runner, scenario: Scenario, preemption: Preemption, r
         "on_exception_checkpoint": True,
         "sanity_steps": preemption.sanity_steps,
     }
-    extra["preempt"]["at"] = list(preemption.at)
+    extra["preempt"].update(at=list(preemption.at), again=preemption.again)
     env: dict[str, str] = {"PYTHONUNBUFFERED": "1", "E2E_RUN_TOKEN": token}
     scontrol_calls = run / "scontrol.calls"
     if preemption.signal == "USR1":  # a SLURM job step: Lightning's auto-requeue, scontrol a stub
@@ -302,6 +308,7 @@ def run_preemption(runner: Runner, scenario: Scenario, preemption: Preemption, r
     exit_s = gone_at - json.loads(signalled.read_text())["at"]
     if exit_s > EXIT_BOUND_S:
         problems.append(f"the processes ended {exit_s:.1f} s after the signal (bound {EXIT_BOUND_S:.0f} s)")
+    killed = preemption.again == "kill_while_saving"
     ended = {}
     for rank in range(world_size):
         record = run / f"preempt.ended.rank{rank}.json"
@@ -310,17 +317,26 @@ def run_preemption(runner: Runner, scenario: Scenario, preemption: Preemption, r
         problems.append(f"not every rank ended through SIGTERMException: {ended}; log:\n{log.read_text()[-3000:]}")
     elif len({(each["epoch"], each["step"]) for each in ended.values()}) != 1:
         problems.append(f"the ranks ended at different batches: {ended}")
-    checkpoint = run / "on_exception.ckpt"
-    if preemption.signal == "USR1":
+    checkpoint: Path | None = run / "on_exception.ckpt"
+    if killed:  # written whole or not at all (Lightning writes through a temporary file): else the last periodic one
+        assert checkpoint is not None
+        if checkpoint.exists():
+            torch.load(checkpoint, weights_only=False, map_location="cpu")  # whole: it loads
+        else:
+            checkpoint = run / "extra.ckpt" if (run / "extra.ckpt").exists() else previous
+    elif preemption.signal == "USR1":
         calls = scontrol_calls.read_text().splitlines() if scontrol_calls.exists() else []
         if calls != [json.dumps(["requeue", SLURM_JOB_ID])]:
             problems.append(f"scontrol was called {calls}, not once to requeue")
         checkpoint = run / "hpc_ckpt_1.ckpt"  # the requeued job resumes from Lightning's HPC checkpoint
-    if not checkpoint.exists():
+    if checkpoint is not None and not checkpoint.exists():
         problems.append(f"no checkpoint {checkpoint.name}; the log:\n{log.read_text()[-3000:]}")
     if problems:
         return PreemptedRun(exit_s, problems)
-    preempted, kept_validations = _kept_at(run, "preempt", world_size, checkpoint)
+    if checkpoint is None or checkpoint == previous:  # killed before any save of its own: the run before resumes
+        preempted = kept_validations = {rank: [] for rank in range(world_size)}
+    else:
+        preempted, kept_validations = _kept_at(run, "preempt", world_size, checkpoint)
     _run_leg(run, "end", scenario, checkpoint)  # (a phase named "resume..." reads its own checkpoint path)
     resumed, resumed_validations = read_records(run, "end", world_size), read_validations(run, "end", world_size)
     fields = [name for name in WITH_PARAMETERS if name != "batch"]  # (Lightning's numbering after resumes)

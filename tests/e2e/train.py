@@ -453,6 +453,7 @@ class StepRecorder(L.Callback):
         if trainer.state.fn != "fit":
             return
         saved = {"global_step": trainer.global_step, "steps": self.steps, "validations": self.validated}
+        saved["interrupted"] = trainer.interrupted  # the exception path's save (OnExceptionCheckpoint)
         with (Path(self.config["out_dir"]) / f"{self.config['phase']}.saves.rank{trainer.global_rank}.jsonl").open(
             "a"
         ) as saves:
@@ -956,6 +957,7 @@ class Preempt(L.Callback):
         self.out = Path(config["out_dir"])
         self.when, self.at = self.preempt["when"], tuple(self.preempt["at"])
         self.sent = False
+        self.targets: list[str] = []
         self.past_at = False  # a training batch at or after ``at`` has ended
         self.armed = False  # workers_start: the next fork of a loader worker sends the signal
         if self.when == "workers_start":
@@ -985,12 +987,35 @@ class Preempt(L.Callback):
             "group": [f"-{os.getpgrp()}"],
             "launcher": [Path(f"/proc/{pids[0]}/stat").read_text().rsplit(")", 1)[1].split()[1]],  # rank 0's parent
         }[target]
+        self.targets = targets
         sent = {"at": time.monotonic(), "when": self.when, "pid": os.getpid(), "targets": targets}
         written = self.out / f"{phase}.signalled.json.{os.getpid()}"
         written.write_text(json.dumps(sent))
         written.rename(self.out / f"{phase}.signalled.json")  # whole when a test reads it
-        # From a process outside the job's process group, as from a scheduler (and not killed by its own signal).
-        subprocess.run(["kill", "-s", self.preempt["signal"], "--", *targets], check=True, start_new_session=True)
+        self.kill(self.preempt["signal"])
+        if self.preempt.get("again") == "at_once":  # two signals back to back (a scheduler's and a forwarded one)
+            self.kill(self.preempt["signal"])
+
+    def kill(self, signal_name: str, after_s: float = 0.0) -> None:
+        """From a process outside the job's process group, as from a scheduler (and not killed by its own
+        signal); ``after_s``: that process waits so long first, while this one goes on."""
+        command = ["kill", "-s", signal_name, "--", *self.targets]
+        if after_s:
+            subprocess.Popen(["sh", "-c", f'sleep {after_s:.3f}; exec "$@"', "sh", *command], start_new_session=True)
+        else:
+            subprocess.run(command, check=True, start_new_session=True)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: Any, exception: BaseException) -> None:
+        """A second signal while the fit ends (before ``OnExceptionCheckpoint``'s save, which runs after every other
+        callback): ``while_ending``, the same signal again (a second ``scancel``, SLURM's SIGTERM at the time limit
+        after ``--signal=TERM@...``); ``kill_while_saving``, SIGKILL a moment later (SLURM's, after KillWait)."""
+        again = self.preempt.get("again")
+        if not self.sent or launched_rank() != 0 or again not in ("while_ending", "kill_while_saving"):
+            return
+        if again == "while_ending":
+            self.kill(self.preempt["signal"])
+        else:
+            self.kill("KILL", after_s=random.Random(str(self.config["seed"])).uniform(0.0, 0.3))
 
     def from_a_forked_worker(self) -> None:
         """In a process rank 0 forked while armed (a loader worker starting): the first one sends the signal."""

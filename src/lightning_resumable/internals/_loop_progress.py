@@ -6,13 +6,41 @@ Checked against lightning 2.6.6; ``tests/test_lightning_internals.py`` reads the
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import lightning.pytorch as pl
 
 from lightning_resumable.internals._lightning import _processed, _validation_follows
 
-__all__ = ["ended_epoch_resumes_on_another_world_size", "loops_resume_where_the_data_does"]
+__all__ = ["RestoredLoops", "ended_epoch_resumes_on_another_world_size", "loops_resume_where_the_data_does"]
+
+
+class RestoredLoops:
+    """A save between a fit's restore and its first training batch writes the loops it was restored from.
+
+    Nothing has run since the restore, so they are where a resume must start; the live loops are not:
+    Lightning's restart resets their progress first (``reset_on_restart``), and a validation the restore
+    left due before the next batch (a checkpoint at a batch's end) would be skipped by a resume from them
+    (a preemption signal received before the train loop ends the fit at the train start and saves there).
+    """
+
+    def __init__(self) -> None:
+        self._loops: Any = None
+
+    def restored(self, checkpoint: dict[str, Any]) -> None:
+        self._loops = copy.deepcopy(checkpoint.get("loops"))
+
+    def batch_started(self) -> None:
+        self._loops = None
+
+    def write(self, trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:
+        """``on_save_checkpoint``: the restored loops before the first batch, else the live ones made to resume
+        where the data does."""
+        if self._loops is not None:
+            checkpoint["loops"] = copy.deepcopy(self._loops)
+        else:
+            loops_resume_where_the_data_does(trainer, checkpoint)
 
 
 def loops_resume_where_the_data_does(trainer: pl.Trainer, checkpoint: dict[str, Any]) -> None:

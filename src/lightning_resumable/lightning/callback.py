@@ -32,10 +32,7 @@ from lightning_resumable.internals._lightning import (
     saving_off_the_training_path,
     silence_not_resumable_warning,
 )
-from lightning_resumable.internals._loop_progress import (
-    ended_epoch_resumes_on_another_world_size,
-    loops_resume_where_the_data_does,
-)
+from lightning_resumable.internals._loop_progress import RestoredLoops, ended_epoch_resumes_on_another_world_size
 from lightning_resumable.lightning.online_weights import MixtureWeights
 from lightning_resumable.lightning.progress import (
     BatchCount,
@@ -129,6 +126,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         self._started = False  # training of this fit has started: the loader's position is in use
         self._captured: tuple[tuple[int, int], dict[str, Any]] | None = None  # (epoch, batches), the envelope
         self._forks = ForkGuard()  # every fork waits for quiet native threads, from the fit's setup to its end
+        self._loops = RestoredLoops()  # the loops a fit was restored from, while no batch has run
 
     def __getstate__(self) -> dict[str, Any]:
         """A pickled callback (``torch.save(trainer)``) carries its options and seed; what it holds for the
@@ -136,7 +134,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         left behind, as a new process has none of it."""
         state = self.__dict__.copy()
         state.update(_audit=None, _trainer=None, _owner=None, _batches=BatchCount(), _preemption=HeldPreemption())
-        state.update(_started=False, _captured=None, _forks=ForkGuard())
+        state.update(_started=False, _captured=None, _forks=ForkGuard(), _loops=RestoredLoops())
         return state
 
     @property
@@ -190,7 +188,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         if stage == TrainerFn.FITTING:
             # Each fit builds its train loader anew (a second fit on the same trainer too): forget the last one's.
             self._owner, self._pending, self._batches = None, None, BatchCount()
-            self._started, self._captured = False, None
+            self._started, self._captured, self._loops = False, None, RestoredLoops()
             self._forks.start()  # the validation loaders' workers fork after the batches' collectives too
             self._preemption.hold(trainer, lambda: self._capture(trainer))  # before the restore, the first workers
 
@@ -226,7 +224,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        loops_resume_where_the_data_does(trainer, checkpoint)
+        self._loops.write(trainer, checkpoint)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -265,6 +263,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
     ) -> None:
         if trainer.state.fn == TrainerFn.FITTING:  # validate/test/predict from a checkpoint read no train stream
             refuse_missing_state(checkpoint, self.state_key)
+            self._loops.restored(checkpoint)
             if saved_world_size(checkpoint.get("callbacks", {}).get(self.state_key)) not in (None, trainer.world_size):
                 ended_epoch_resumes_on_another_world_size(checkpoint)
 
@@ -292,6 +291,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         batch_idx = self._batches.at_batch_start(trainer.current_epoch, batch_idx)
+        self._loops.batch_started()
         if self._owner is not None:
             self._owner.check_first_batch()  # a stream's resumed batch, before it trains
             self._owner.batch_started(batch_idx)
