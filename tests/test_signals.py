@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -222,7 +223,8 @@ def test_a_torch_worker_leaves_a_schedulers_sigterm_to_its_rank_until_its_loader
 ) -> None:
     """Torch's worker handler ends a worker on a SIGTERM not from its parent (its rank then fails with "worker
     killed by signal" or hangs in a collective); while the rank holds, the worker leaves it to the rank. Once its
-    loader is shutting it down (``done_event``), a SIGTERM is torch's ``terminate`` and ends it."""
+    loader is shutting it down (``done_event``), a SIGTERM (torch's ``terminate``, or a scheduler's then) ends it
+    with status 0, as torch's handler ends a worker on its parent's: its rank, still watching, sees no failure."""
     child, heard = forked(torch_worker)
     assert heard() == b"r"
     scheduler_signals(child)
@@ -231,7 +233,7 @@ def test_a_torch_worker_leaves_a_schedulers_sigterm_to_its_rank_until_its_loader
     assert heard() == b"d"
     scheduler_signals(child)
     assert heard() == b""
-    assert ended_by(child) == signal.SIGTERM
+    assert ended_by(child) == 0
 
 
 def test_a_sigterm_right_after_torch_set_its_worker_handler_is_left_to_the_rank_too(
@@ -319,6 +321,39 @@ def test_a_real_loaders_workers_serve_their_pass_through_a_schedulers_sigterm(
     else:  # torch's SIGCHLD handler raises wherever this process is when a worker dies: anywhere in served()
         with pytest.raises(RuntimeError, match=r"killed by signal: Terminated|exited unexpectedly"):
             served()
+
+
+def test_a_schedulers_sigterm_while_a_loader_shuts_its_workers_down_fails_nothing(
+    holding: DeferredSignals, tmp_path: Path
+) -> None:
+    """A group SIGTERM that reaches workers while their loader is joining them (its ``done_event`` set, their
+    pids still watched by torch's SIGCHLD handler): killed by the signal, they failed the rank with "DataLoader
+    worker ... is killed by signal" (seen in the matrix, torchrun signalling each rank's group at an epoch's
+    end); they now end with status 0."""
+    loader = DataLoader(Slow(8, tmp_path), batch_size=2, num_workers=2)
+    iterator: Any = iter(loader)
+    pids = []
+    for worker in range(2):
+        pid = tmp_path / f"pid{worker}"
+        for _ in range(6000):  # until the worker is inside its first sample, where it stays
+            if pid.exists() and pid.read_text():
+                break
+            signal.sigtimedwait([], 0.005)
+        pids.append(int(pid.read_text()))
+
+    def scheduler() -> None:  # once the loader has begun its shutdown: the workers are being joined
+        while not iterator._workers_done_event.is_set():
+            signal.sigtimedwait([], 0.002)
+        for pid in pids:
+            scheduler_signals(pid)
+
+    sender = threading.Thread(target=scheduler)
+    sender.start()
+    try:
+        iterator._shutdown_workers()  # raised "killed by signal" from torch's SIGCHLD handler
+    finally:
+        sender.join()
+    assert [worker.exitcode for worker in iterator._workers] == [0, 0]
 
 
 # ----------------------------------------------------------------------------------- one-process fits

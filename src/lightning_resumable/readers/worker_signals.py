@@ -10,10 +10,10 @@ does not come from its parent, so the rank then fails with "DataLoader worker ..
 (or hangs in a collective its peer left) instead of ending in step with the others. So, while a process
 holds the signals, each process it forks (a torch ``DataLoader``'s workers of any loader, a data
 library's, a validation loader's) ignores them: its holder ends it in order (shutting the loader down).
-It still ends, as it would without the library, once its holder shuts its loader down (torch's
-``done_event`` is set: the SIGTERM is torch's ``terminate`` of a worker that did not exit in time),
-once the holder has gone, or once the holder no longer holds (at the interpreter's exit multiprocessing
-SIGTERMs daemon workers left running). The holder says whether it holds through one shared byte
+A loader worker still ends once its loader is shutting it down (torch's ``done_event`` is set: the
+SIGTERM may be torch's ``terminate`` of a worker that did not exit in time), with status 0 as under
+torch's handler; and any of them ends as it would without the library once its holder has gone or no
+longer holds (at the interpreter's exit multiprocessing SIGTERMs daemon workers left running). The holder says whether it holds through one shared byte
 (an anonymous shared mapping, made before any fork, so every forked process sees its changes).
 """
 
@@ -125,8 +125,11 @@ def stop_leaving_signals() -> None:
 
 
 class _LeftToHolder:
-    """A forked process's handler of the held signals: ignored while its parent lives and holds them and
-    is not shutting its loader down; else the signal's default action, as without the library."""
+    """A forked process's handler of the held signals: ignored while its parent lives and holds them; else the
+    signal's default action, as without the library. A loader worker whose loader is shutting it down exits
+    at once, as torch's own handler makes it exit on its parent's ``terminate``: with status 0, which its
+    rank, still watching its workers while it joins them, takes for a worker that ended (one killed by the
+    signal there failed the rank with "DataLoader worker ... is killed by signal")."""
 
     def __init__(self, holding: mmap.mmap, parent: int) -> None:
         self.holding = holding
@@ -141,10 +144,11 @@ class _LeftToHolder:
             signal.signal(signal.SIGTERM, self)
 
     def leaves(self) -> bool:
-        shutting_down = self.loader_done is not None and self.loader_done.is_set()
-        return bool(self.holding[0]) and os.getppid() == self.parent and not shutting_down
+        return bool(self.holding[0]) and os.getppid() == self.parent
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.loader_done is not None and self.loader_done.is_set():
+            os._exit(0)
         if self.leaves():
             return
         signal.signal(signum, signal.SIG_DFL)
