@@ -13,8 +13,9 @@ library's, a validation loader's) ignores them: its holder ends it in order (shu
 A loader worker still ends once its loader is shutting it down (torch's ``done_event`` is set: the
 SIGTERM may be torch's ``terminate`` of a worker that did not exit in time), with status 0 as under
 torch's handler; and any of them ends as it would without the library once its holder has gone or no
-longer holds (at the interpreter's exit multiprocessing SIGTERMs daemon workers left running). The holder says whether it holds through one shared byte
-(an anonymous shared mapping, made before any fork, so every forked process sees its changes).
+longer holds (at the interpreter's exit multiprocessing SIGTERMs daemon workers left running). The
+holder says whether it holds through one shared byte (an anonymous shared mapping, made before any
+fork, so every forked process sees its changes).
 """
 
 from __future__ import annotations
