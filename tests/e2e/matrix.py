@@ -445,13 +445,16 @@ def _preempted(seed: int, scenario: Scenario) -> tuple[Scenario, Preemption]:
         again = draw.choice(("at_once", "while_ending", "kill_while_saving"))
         if again == "kill_while_saving" and not scenario.extra_saves_every:
             scenario = replace(scenario, extra_saves_every=1)  # the checkpoint that resumes
+    launcher = "torchrun" if target == "launcher" else "fork"
+    if launcher == "fork" and not requeue and draw.random() < 0.25:  # (a SLURM step is the fork server's)
+        launcher = "lightning"  # ``python train.py``: whole processes, ended by Python's own exit
     preemption = Preemption(
         signal="USR1" if requeue else "TERM",
         target=target,
         when=when,
         at=at,
         resumed_first=resumed_first,
-        launcher="torchrun" if target == "launcher" else "fork",
+        launcher=launcher,
         sanity_steps=2 if when == "sanity" else 0,
         again=again,
     )

@@ -166,10 +166,12 @@ class Preemption:
     job step, the requeue then terminating the job with SIGTERM) to ``target`` at the first point of kind ``when``
     at or after batch ``at``; ``resumed_first``: the preempted run resumes a run stopped there (a checkpoint at the
     end of that batch), so the signal lands in the first epoch after a resume; ``launcher``: ``fork`` (the fork
-    server, as an external launcher starts the ranks) or ``torchrun``; ``sanity_steps``: the preempted run's
-    sanity check; ``again``: a second signal, ``at_once`` (right after the first), ``while_ending`` (as the
-    exception path's checkpoint is written) or ``kill_while_saving`` (SIGKILL a moment after that save began:
-    SLURM's, after its KillWait; a checkpoint is then whole or absent, and the last periodic one resumes)."""
+    server, as an external launcher starts the ranks), ``lightning`` (``python train.py``, Lightning's launcher
+    starting the other ranks) or ``torchrun``, the last two whole processes that end by Python's own exit;
+    ``sanity_steps``: the preempted run's sanity check; ``again``: a second signal, ``at_once`` (right after the
+    first), ``while_ending`` (as the exception path's checkpoint is written) or ``kill_while_saving`` (SIGKILL
+    a moment after that save began: SLURM's, after its KillWait; a checkpoint is then whole or absent, and the
+    last periodic one resumes)."""
 
     signal: str = "TERM"
     target: str = "group"
@@ -285,6 +287,8 @@ def run_preemption(runner: Runner, scenario: Scenario, preemption: Preemption, r
     if preemption.launcher == "torchrun":
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}"]
         process: Any = processes.launch([*command, str(TRAIN_SCRIPT), str(path)], log, run, {**os.environ, **env})
+    elif preemption.launcher == "lightning":  # python train.py: rank 0 starts the others (Lightning's launcher)
+        process = processes.launch([sys.executable, str(TRAIN_SCRIPT), str(path)], log, run, {**os.environ, **env})
     else:
         process = fork_server().launch(path, world_size, log, run, env)
     started, sent = time.monotonic(), run / "preempt.signalled.json"

@@ -27,12 +27,14 @@ from .preemption import (
     SIGNALLED,
     SLURM_JOB_ID,
     STEP_SECONDS,
+    Preemption,
     before,
     config,
     launch,
     preempt_and_resume,
     rank_pids,
     resume_and_compare,
+    run_preemption,
     saved_position,
     steps_of,
     wait_for_steps,
@@ -60,6 +62,19 @@ def test_a_preempted_stream_ends_and_resumes_exactly(runner: Runner, tmp_path: P
     write no state (MissingStateError on the resume): the ranks now capture every rank's stream state and
     next-batch digest together, at the batch end where they act on the signal."""
     preempt_and_resume(runner, tmp_path / "run", STREAMED[workers], target)
+
+
+@pytest.mark.parametrize("data", ["map", "mixture"])
+def test_a_sigterm_to_the_whole_job_in_the_first_epoch_ends_cleanly_and_resumes_exactly(
+    runner: Runner, tmp_path: Path, data: str
+) -> None:
+    """Issue 44's reproduction: 2 processes, 2 workers, the whole process group signalled (as SLURM and
+    ``kill -TERM -- -PGID`` do) in the first epoch, whose workers forked before the train start: they died of
+    it ("DataLoader worker ... is killed by signal"), and the ranks failed or hung. Every rank must end through
+    ``SIGTERMException`` at one batch, every process go, and the checkpoint resume exactly."""
+    scenario = Scenario(world_size=2, num_workers=2, dataset_size=96, epochs=2, data=data)
+    outcome = run_preemption(runner, scenario, Preemption(target="group", when="step", at=(0, 3)), tmp_path / "run")
+    assert outcome.problems == []
 
 
 ACCUMULATED = {

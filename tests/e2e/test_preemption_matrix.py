@@ -25,8 +25,12 @@ from .harness import Runner
 from .matrix import draw_library_preemption, draw_preemption, library_data_written, seeds
 from .preemption import PREEMPTION_WHENS, Preemption, run_preemption
 
-PREEMPTION_SEEDS = ()
-"""The seeds CI runs (chosen so that every signal, target and moment is among them; see `test_the_seeds_cover`)."""
+PREEMPTION_SEEDS = (0, 4, 7, 13, 14, 22, 27, 46, 49, 61, 66, 88, 97, 102, 148, 368)
+"""The seeds CI runs: a cover of every signal, target, moment, second signal, launcher, kind of data, number of
+workers and of processes the draw has (`test_the_seeds_cover_every_signal_target_and_moment`), with the group
+signal in the first epoch after a resume (368), to a stream (97), under FSDP2 (88), inside an accumulation window
+(49), on one process with workers (22), in a validation with the validation loader's workers (27) and the requeue
+signal to the group in a step (148). The table of docs/guarantees.md#preemption lists them."""
 LIBRARY_PREEMPTION_SEEDS = ()
 """LitData's and Mosaic's loaders, in CI's extras step."""
 

@@ -992,14 +992,14 @@ class Preempt(L.Callback):
         written = self.out / f"{phase}.signalled.json.{os.getpid()}"
         written.write_text(json.dumps(sent))
         written.rename(self.out / f"{phase}.signalled.json")  # whole when a test reads it
-        self.kill(self.preempt["signal"])
-        if self.preempt.get("again") == "at_once":  # two signals back to back (a scheduler's and a forwarded one)
-            self.kill(self.preempt["signal"])
+        # ``at_once``: two signals back to back (a scheduler's and a forwarded one), from one process: a second one
+        # started from here could still be in this process group when a launcher signals it after the first.
+        self.kill(self.preempt["signal"], twice=self.preempt.get("again") == "at_once")
 
-    def kill(self, signal_name: str, after_s: float = 0.0) -> None:
+    def kill(self, signal_name: str, after_s: float = 0.0, twice: bool = False) -> None:
         """From a process outside the job's process group, as from a scheduler (and not killed by its own
         signal); ``after_s``: that process waits so long first, while this one goes on."""
-        command = ["kill", "-s", signal_name, "--", *self.targets]
+        command = ["kill", "-s", signal_name, "--", *self.targets, *(self.targets if twice else [])]
         if after_s:
             subprocess.Popen(["sh", "-c", f'sleep {after_s:.3f}; exec "$@"', "sh", *command], start_new_session=True)
         else:
