@@ -13,7 +13,7 @@ from lightning_resumable.errors import UnsupportedLoaderError, WorldSizeChangedE
 from lightning_resumable.format.envelope import StreamState
 
 from .e2e import train
-from .helpers import assert_reader_resumes_exactly
+from .helpers import assert_reader_resumes_exactly, read
 
 litdata = pytest.importorskip("litdata")
 
@@ -36,14 +36,39 @@ def loader(chunks: Path, num_workers: int, epoch: list[int]) -> LitDataLoader:
     return make_litdata_resumable(user, seed=3, epoch_source=lambda: epoch[0])
 
 
+@pytest.mark.parametrize("stop", [3, 0])
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_resume_at_the_trainers_count_continues_the_epoch_and_the_next_one_is_fresh(
-    chunks: Path, num_workers: int
+    chunks: Path, num_workers: int, stop: int
 ) -> None:
-    """The readers' suite; the resumed pass is never exhausted (LitData's ``restore`` flag stays set)."""
+    """The readers' suite; the resumed pass is never exhausted (LitData's ``restore`` flag stays set). At 0
+    batches (a save before an epoch's first batch, a preemption before the first batch): LitData starts a pass at
+    its first batch, and the state before was the last pass's end, from which a resume read nothing."""
     assert_reader_resumes_exactly(
-        lambda epoch, workers: loader(chunks, workers, epoch), stop=3, length=BATCHES, workers=(num_workers,) * 2
+        lambda epoch, workers: loader(chunks, workers, epoch), stop=stop, length=BATCHES, workers=(num_workers,) * 2
     )
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_pass_resumed_twice_reads_the_uninterrupted_epoch(chunks: Path, num_workers: int) -> None:
+    """A save in a resumed pass, resumed again (a fit preempted again in the epoch it resumed): with workers, the
+    main process's dataset kept its own epoch through the first restore and wrote it in the second save."""
+    epoch = [0]
+    full = loader(chunks, num_workers, epoch)
+    read(iter(full), BATCHES)
+    epoch[0] = 1
+    expected = read(iter(full), BATCHES)
+    first = loader(chunks, num_workers, epoch)
+    trained = read(iter(first), 2)[:1]  # one trained, the next read ahead
+    state = first.state_after(1)
+    second = loader(chunks, num_workers, epoch)
+    second.resume_from(state, 1)
+    trained += read(iter(second), 3)[:2]
+    third = loader(chunks, num_workers, epoch)
+    third.resume_from(second.state_after(3), 3)
+    assert trained + read(iter(third), BATCHES - 3) == expected
+    for each in (full, first, second, third):
+        each.retire_workers()
 
 
 def test_another_layout_is_refused_for_litdata_until_it_is_resumed_elastically(chunks: Path) -> None:

@@ -124,7 +124,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         self._batches = BatchCount()
         self._preemption = HeldPreemption()
         self._started = False  # training of this fit has started: the loader's position is in use
-        self._captured: tuple[tuple[int, int], dict[str, Any]] | None = None  # (epoch, batches), the envelope
+        self._captured: dict[str, Any] | None = None  # the envelope taken where the ranks acted on a preemption
         self._forks = ForkGuard()  # every fork waits for quiet native threads, from the fit's setup to its end
         self._loops = RestoredLoops()  # the loops a fit was restored from, while no batch has run
 
@@ -202,9 +202,9 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         if trainer is None or self._owner is None:
             # Nothing trained yet in this process: keep a restored state that was not applied.
             return Envelope(self._pending).to_dict() if self._pending is not None else {}
+        if self._captured is not None:
+            return self._captured
         batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
-        if self._captured is not None and self._captured[0] == (trainer.current_epoch, batches):
-            return self._captured[1]
         return self._envelope(trainer, batches, not saving_off_the_training_path(trainer))
 
     def _envelope(self, trainer: pl.Trainer, batches: int, collective: bool) -> dict[str, Any]:
@@ -214,11 +214,10 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
             return self._owner.envelope(at, lambda ended: partial_accumulation(trainer, batches, ended)).to_dict()
 
     def _capture(self, trainer: pl.Trainer, collective: bool = True) -> None:
-        """Every rank's data state, taken where all ranks act on a preemption (collective), or on one rank before
-        an exception ends the loaders' workers: a save after that (``OnExceptionCheckpoint``) cannot read them."""
+        """Every rank's data state where all ranks act on a preemption (collective), or on one rank before an exception
+        ends the workers, which a later save (``OnExceptionCheckpoint``, after an epoch's end too) cannot read."""
         batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
-        if self._captured is None or self._captured[0] != (trainer.current_epoch, batches):
-            self._captured = ((trainer.current_epoch, batches), self._envelope(trainer, batches, collective))
+        self._captured = self._captured or self._envelope(trainer, batches, collective)
 
     @override
     def on_save_checkpoint(
@@ -292,6 +291,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
     ) -> None:
         batch_idx = self._batches.at_batch_start(trainer.current_epoch, batch_idx)
         self._loops.batch_started()
+        self._captured = None  # a captured state is the position at the end of the batch before
         if self._owner is not None:
             self._owner.check_first_batch()  # a stream's resumed batch, before it trains
             self._owner.batch_started(batch_idx)

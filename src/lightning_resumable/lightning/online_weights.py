@@ -15,9 +15,7 @@ from lightning_resumable.core.batch_sources import BatchSources
 from lightning_resumable.core.schedule import Weights
 from lightning_resumable.errors import MissingCallbackError, MixtureError, WeightsDisagreementError
 from lightning_resumable.format.mixture_state import WeightChange
-from lightning_resumable.internals._lightning import batches_processed
 from lightning_resumable.lightning.mixture_owner import MixtureOwner
-from lightning_resumable.lightning.progress import BatchCount
 
 __all__ = ["MixtureWeights", "agree_on", "read_ahead"]
 
@@ -73,7 +71,6 @@ class MixtureWeights:
     _trainer: pl.Trainer | None
     _owner: Any
     _captured: Any
-    _batches: BatchCount
 
     def _capture(self, trainer: pl.Trainer, collective: bool = True) -> None: ...  # the callback's
 
@@ -120,8 +117,7 @@ class MixtureWeights:
         change, ready = owner.plan_change(weights, at_step, ahead, trainer.accumulate_grad_batches)
         agree_on(trainer, change, ready, owner.mixture.names, ahead)
         owner.change(change)
-        batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
-        if self._captured is not None and self._captured[0] == (trainer.current_epoch, batches):
+        if self._captured is not None:
             self._captured = None  # a preemption's state, taken at this batch's end: it records the change too
             self._capture(trainer)
         return change

@@ -213,6 +213,10 @@ class _HeldChunks:
             reader._item_loader.close(chunk)
 
 
+FRESH_PASS = "lightning_resumable.fresh_pass"
+"""The key of the state a `LitDataLoader` records after no batch of a fresh pass: the pass's epoch."""
+
+
 def _epoch_of(dataset: StreamingDataset) -> int:
     return int(dataset.current_epoch)
 
@@ -230,6 +234,7 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
     def __init__(self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.start_reading(PassRecord("LitData's loader", self._state), epoch_source)
+        self._fresh_epoch: int | None = None  # the epoch of a pass that starts afresh
 
     def __iter__(self) -> Iterator[Any]:
         # The pass continues a restored state only right after `resume_from`. LitData clears its
@@ -237,6 +242,7 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         # length without exhausting it: LitData then replayed the interrupted epoch's tail.
         self.restore = self.record.resuming
         epoch = self.pass_epoch()
+        self._fresh_epoch = None if self.restore else epoch
         if not self.restore:  # LitData adds 1 at each fresh pass: its epochs count from 1
             self.current_epoch = epoch
         warn_once_on_affected_python(self)
@@ -246,9 +252,27 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
     def _state(self) -> dict[str, Any]:
         return copy.deepcopy(StreamingDataLoader.state_dict(self))
 
+    def state_after(self, batches: int) -> dict[str, Any]:
+        """LitData's state after ``batches`` batches of the epoch; after none of a fresh pass, `FRESH_PASS`: LitData
+        starts a pass at its first batch (its ``__iter__`` is a generator), and its state before then is the last
+        pass's end (a resume from it read nothing)."""
+        if batches == 0 and self._fresh_epoch is not None:
+            return {FRESH_PASS: self._fresh_epoch}
+        return super().state_after(batches)
+
     def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
         """Continue the next pass from LitData's ``state``, ``batches`` batches into the epoch."""
-        StreamingDataLoader.load_state_dict(self, copy.deepcopy(dict(state)))
+        if FRESH_PASS in state:  # none read yet: a fresh pass of that epoch, its first batch still verified
+            self._fresh_epoch = int(state[FRESH_PASS])
+            self.start_epoch(self._fresh_epoch)
+            self.record.expect_first(next_batch)
+            return
+        restored = copy.deepcopy(dict(state))
+        StreamingDataLoader.load_state_dict(self, restored)
+        if isinstance(self.dataset, StreamingDataset):
+            # Its workers resume the state's epoch; this process's copy keeps its own (``set_epoch`` leaves a
+            # restored one be) and wrote it in the next save: a resume of the resumed pass read another epoch.
+            self.dataset.current_epoch = restored["dataset"]["current_epoch"]
         # Kept as restored: LitData's state_dict() would overwrite the pending one with its own.
         self.record.resume(batches, copy.deepcopy(dict(state)), next_batch)
 

@@ -55,6 +55,10 @@ class PassRecord:
         give its restored state back before it reads); ``next_batch``: the digest its first batch must
         have, ``""``: unknown."""
         self._pending = (batches, dict(state) if state is not None else None)
+        self.expect_first(next_batch)
+
+    def expect_first(self, next_batch: str) -> None:
+        """The next pass's first batch must have the digest ``next_batch`` (``""``: unknown)."""
         self._expected_first, self.first_batch = next_batch or None, None
 
     @property
