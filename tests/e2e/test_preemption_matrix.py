@@ -31,8 +31,10 @@ workers and of processes the draw has (`test_the_seeds_cover_every_signal_target
 signal in the first epoch after a resume (368), to a stream (97), under FSDP2 (88), inside an accumulation window
 (49), on one process with workers (22), in a validation with the validation loader's workers (27) and the requeue
 signal to the group in a step (148). The table of docs/guarantees.md#preemption lists them."""
-LIBRARY_PREEMPTION_SEEDS = ()
-"""LitData's and Mosaic's loaders, in CI's extras step."""
+LIBRARY_PREEMPTION_SEEDS = (0, 2, 4, 9, 11, 13, 14, 25, 33, 40, 47, 200)
+"""LitData's and Mosaic's loaders, in CI's extras step: a cover of what `draw_library_preemption` draws, with the
+group signal to a chunked mixture (LitData's and Mosaic's datasets in a ``Mixture``, 2 workers) in the first epoch
+after a resume (25), to LitData's loader in the epoch a resume started (200) and to Mosaic's loader (4)."""
 
 
 def _judged(runner: Runner, seed: int, drawn: tuple[object, Preemption], rerun: str) -> None:
