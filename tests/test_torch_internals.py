@@ -85,3 +85,35 @@ def test_a_finished_pass_shuts_its_workers_down() -> None:
     iterator = iter(DataLoader(DATA, batch_size=6, num_workers=2, multiprocessing_context="fork"))
     assert [batch.shape for batch in iterator] == [torch.Size([6]), torch.Size([6])]
     assert has_shut_down(iterator)
+
+
+def test_a_worker_loop_sets_torchs_signal_handlers_first_through_the_module_with_its_done_event() -> None:
+    """What `after_worker_signal_setup` wraps: torch's and torchdata's worker loops take ``done_event`` and call
+    ``signal_handling._set_worker_signal_handlers`` (looked up on the module) before anything else."""
+    import inspect
+
+    from torch.utils.data._utils import worker
+    from torchdata.stateful_dataloader import worker as stateful_worker
+
+    for module in (worker, stateful_worker):
+        assert "done_event" in inspect.signature(module._worker_loop).parameters
+        source = inspect.getsource(module._worker_loop)
+        body = source[source.index("try:") :]
+        first_call = next(
+            line.strip() for line in body.splitlines()[1:] if line.strip() and not line.strip().startswith("#")
+        )
+        assert first_call == "signal_handling._set_worker_signal_handlers()", (module.__name__, first_call)
+
+
+def test_an_event_is_read_without_its_lock() -> None:
+    """From a signal handler that may interrupt the lock's holder: set or not, and no wait while it is held."""
+    import multiprocessing
+
+    from lightning_resumable.internals._torch import is_set_without_locking
+
+    event = multiprocessing.get_context("fork").Event()
+    with event._cond:  # type: ignore[attr-defined]  # held, as by the interrupted is_set()
+        assert not is_set_without_locking(event)
+    event.set()
+    with event._cond:  # type: ignore[attr-defined]
+        assert is_set_without_locking(event)

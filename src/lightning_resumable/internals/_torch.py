@@ -11,7 +11,8 @@ private names used for that, each tested against the installed torch by
 - a multi-process iterator's ``_workers``, ``_index_queues``, ``_shutdown`` and ``_shutdown_workers``,
   and ``multiprocessing.Queue``'s feeder thread ``_thread``.
 - in a worker, ``signal_handling._set_worker_signal_handlers`` (the first call of torch's and torchdata's
-  ``_worker_loop``, looked up on the module at each call) and that loop's ``done_event`` argument.
+  ``_worker_loop``, looked up on the module at each call) and that loop's ``done_event`` argument, a
+  ``multiprocessing.Event``, whose semaphore ``_flag`` `is_set_without_locking` reads.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "after_worker_signal_setup",
     "batches_handed_out",
     "has_shut_down",
+    "is_set_without_locking",
     "iterator_factory",
     "next_batch_function",
     "replace_next_batch",
@@ -124,3 +126,14 @@ def after_worker_signal_setup(started: Callable[[Any], None]) -> None:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     signal_handling._set_worker_signal_handlers = set_handlers_then_start  # type: ignore[attr-defined]
+
+
+def is_set_without_locking(event: Any) -> bool:
+    """Whether a ``multiprocessing.Event`` is set, read from a signal handler: ``is_set()`` takes the event's
+    lock, which the interrupted code may hold (torch's worker loop checks its ``done_event`` all the time), and
+    the handler would then wait for itself. Its flag is a semaphore at 1 once set; another process's
+    ``is_set()`` takes it for an instant, when this reads "not set"."""
+    try:
+        return bool(event._flag.get_value())
+    except NotImplementedError:  # no sem_getvalue (macOS)
+        return bool(event.is_set())

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightning_resumable.internals._torch import after_worker_signal_setup
+from lightning_resumable.internals._torch import after_worker_signal_setup, is_set_without_locking
 
 __all__ = ["DeferredSignals", "Handler", "leave_signals_to_this_process", "stop_leaving_signals"]
 
@@ -148,7 +148,7 @@ class _LeftToHolder:
         return bool(self.holding[0]) and os.getppid() == self.parent
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if self.loader_done is not None and self.loader_done.is_set():
+        if self.loader_done is not None and is_set_without_locking(self.loader_done):
             os._exit(0)
         if self.leaves():
             return
