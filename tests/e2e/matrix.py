@@ -129,19 +129,7 @@ def draw_chain(seed: int) -> tuple[Scenario, list[Leg]]:
     """
     base, _ = draw_case(seed)
     draw = random.Random(seed * 7919 + 1)
-    scenario = replace(
-        base,
-        stop_kind="batch_end",
-        stop_epoch=1,
-        stop_batch_override=None,
-        resume_num_workers=None,
-        resume_mixture_weights=None,
-        resume_mixture_sources=None,
-        resume_world_size=None,
-        callback_options=(),
-        epochs=draw.choice((2, 3)),
-        extra_saves_every=draw.choice((0, 2, 3)),
-    )
+    scenario = _as_one_run(base, epochs=draw.choice((2, 3)), extra_saves_every=draw.choice((0, 2, 3)))
     per_epoch = scenario.batches_per_epoch if scenario.sampler != "bucketing" else 4  # its shortest epoch has more
     kinds = ["batch_end", "last_batch", "in_step", "validation", "sigterm", "interrupt", "extend"]
     if scenario.data == "stream":
@@ -178,6 +166,23 @@ def draw_chain(seed: int) -> tuple[Scenario, list[Leg]]:
     keep_workers = scenario.data == "stream" or scenario.online_mixing
     legs.append(Leg("end", num_workers=scenario.num_workers if keep_workers else draw.choice((0, 1, 2))))
     return scenario, legs
+
+
+def _as_one_run(scenario: Scenario, **changed: object) -> Scenario:
+    """``scenario`` without where it stops or what changes at its resume: a run whose interruptions are drawn
+    apart (a chain's legs, a preemption) and that resumes on the same setup; and ``changed``."""
+    return replace(
+        scenario,
+        stop_kind="batch_end",
+        stop_epoch=1,
+        stop_batch_override=None,
+        resume_num_workers=None,
+        resume_mixture_weights=None,
+        resume_mixture_sources=None,
+        resume_world_size=None,
+        callback_options=(),
+        **changed,  # type: ignore[arg-type]
+    )
 
 
 def _fits(kind: str, epoch: int, batch: int, scenario: Scenario) -> bool:
@@ -465,35 +470,13 @@ def draw_preemption(seed: int) -> tuple[Scenario, Preemption]:
     """A preempted run, its setup drawn as `draw_case` draws it (a map-style loader, a stream, a mixture,
     several loaders), on the same world size and workers at the resume, with 0 or 2 workers."""
     base, _ = draw_case(seed)
-    scenario = replace(
-        base,
-        stop_kind="batch_end",
-        stop_epoch=1,
-        stop_batch_override=None,
-        resume_num_workers=None,
-        resume_mixture_weights=None,
-        resume_mixture_sources=None,
-        resume_world_size=None,
-        evaluate_before_resume=False,
-        callback_options=(),
-    )
-    return _preempted(seed, scenario)
+    return _preempted(seed, _as_one_run(base, evaluate_before_resume=False))
 
 
 def draw_library_preemption(seed: int) -> tuple[Scenario, Preemption]:
     """A preempted run over a data library's loader (LitData's, Mosaic's, a mixture of their chunked datasets),
     drawn as `draw_library_case` draws it, on the same world size and workers at the resume."""
-    base = draw_library_case(seed)
-    scenario = replace(
-        base,
-        stop_kind="batch_end",
-        stop_epoch=1,
-        resume_num_workers=None,
-        resume_mixture_weights=None,
-        resume_world_size=None,
-        evaluate_before_resume=False,
-    )
-    scenario, preemption = _preempted(seed, scenario)
+    scenario, preemption = _preempted(seed, _as_one_run(draw_library_case(seed), evaluate_before_resume=False))
     if scenario.data == "litdata-combined":  # a CombinedStreamingDataset resumes exactly without workers only
         scenario = replace(scenario, num_workers=0)
     return scenario, preemption
