@@ -437,6 +437,7 @@ def _preempted(seed: int, scenario: Scenario) -> tuple[Scenario, Preemption]:
     at = draw.choice(places)
     resumed_first = None
     first_places = [place for place in places if place < at and place[1] < per_epoch - 1]
+    first_places = [place for place in first_places if (place[1] + 1) % window == 0]  # (saved where a window ends)
     if when not in ("setup", "sanity", "train_start"):
         first_places = [place for place in first_places if place[0] == at[0]]  # the epoch the resume starts in
     if when != "sanity" and first_places and draw.random() < 0.4:

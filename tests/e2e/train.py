@@ -1028,7 +1028,18 @@ class Preempt(L.Callback):
         self.send()
 
     def setup(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
-        if self.when == "setup" and stage == "fit":
+        """(After the library's callback's: each rank holds the signals from there.) The signal goes once every
+        rank has set up: one that reaches a rank before its callback's setup ends it as without the library."""
+        if stage != "fit":
+            return
+        phase = self.config["phase"]
+        (self.out / f"{phase}.set_up.rank{launched_rank()}").touch()
+        if self.when == "setup" and launched_rank() == 0:
+            for rank in range(self.config["world_size"]):
+                for _ in range(6000):
+                    if (self.out / f"{phase}.set_up.rank{rank}").exists():
+                        break
+                    time.sleep(0.01)  # polling a file another rank writes
             self.send()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: Any) -> None:
