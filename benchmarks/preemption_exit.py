@@ -25,16 +25,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+LAUNCHERS = {"fork": "the suite's fork server", "lightning": "Lightning's launcher", "torchrun": "torchrun"}
+
+
 def summary(times: Path) -> list[str]:
-    """A table of the median and maximum seconds, overall and by the moment the signal came."""
+    """Tables of the median and maximum seconds, by the launch and by the moment the signal came."""
     cases = [json.loads(line) for line in times.read_text().splitlines()]
+    by_launch: dict[str, list[float]] = collections.defaultdict(list)
     by_when: dict[str, list[float]] = collections.defaultdict(list)
-    for case in cases:
-        when = case["case"].split("-to-", 1)[1].split("-", 1)[1].split("@", 1)[0]  # SIGTERM-to-group-batch@1.2-...
-        by_when[when].append(case["exit_s"])
-    rows = ["| the signal came | runs | median | max |", "|---|---:|---:|---:|"]
-    for when, seconds in sorted(by_when.items()):
-        rows.append(f"| {when} | {len(seconds)} | {statistics.median(seconds):.2f} s | {max(seconds):.2f} s |")
+    for case in cases:  # a case reads "SIGTERM-to-group-batch@1.2-...-fork"
+        by_launch[LAUNCHERS[case["case"].rsplit("-", 1)[1]]].append(case["exit_s"])
+        by_when[case["case"].split("-to-", 1)[1].split("-", 1)[1].split("@", 1)[0]].append(case["exit_s"])
+    rows: list[str] = []
+    for title, groups in (("launched by", by_launch), ("the signal came", by_when)):
+        rows += ["", f"| {title} | runs | median | max |", "|---|---:|---:|---:|"]
+        for name, seconds in sorted(groups.items()):
+            rows.append(f"| {name} | {len(seconds)} | {statistics.median(seconds):.2f} s | {max(seconds):.2f} s |")
     every = [case["exit_s"] for case in cases]
     rows.append(f"| **all** | {len(every)} | {statistics.median(every):.2f} s | {max(every):.2f} s |")
     return rows
