@@ -6,6 +6,7 @@ replayed as the next epoch."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,3 +143,21 @@ def test_a_weighted_combined_dataset_a_mixture_cannot_honour_is_refused_printing
     )
     with pytest.raises(UnsupportedLoaderError, match="cannot be read as a Mixture; write DataLoader\\(Mixture"):
         build(litdata.StreamingDataLoader(combined, batch_size=4), BuildOptions(seed=3, num_replicas=1, rank=0))
+
+
+def _pairs(batch: list[Any]) -> list[Any]:
+    return batch
+
+
+def test_a_refused_combined_datasets_printed_mixture_keeps_the_users_collate_fn(chunks: Path) -> None:
+    combined = litdata.CombinedStreamingDataset(
+        [train.litdata_stream(chunks), train.litdata_stream(chunks)],
+        weights=[1, 1],
+        iterate_over_all=False,
+        batching_method="per_stream",
+    )
+    options = BuildOptions(seed=3, num_replicas=1, rank=0)
+    with pytest.raises(UnsupportedLoaderError, match=r"num_workers=0, collate_fn=_pairs\)$"):
+        build(litdata.StreamingDataLoader(combined, batch_size=4, collate_fn=_pairs), options)
+    with pytest.raises(UnsupportedLoaderError, match=r"batch_size=4, num_workers=0\)$"):  # LitData's own: not printed
+        build(litdata.StreamingDataLoader(combined, batch_size=4), options)

@@ -72,6 +72,11 @@ class LoadersState:
     mode: str
     loaders: dict[str, LoaderState]
 
+    @property
+    def world_size(self) -> int:
+        """The processes that wrote it (every loader's state says the same)."""
+        return next(iter(self.loaders.values())).world_size
+
     def to_dict(self) -> dict[str, Any]:
         return {SEED: self.seed, MODE: self.mode, LOADERS: {k: v.to_dict() for k, v in self.loaders.items()}}
 
@@ -128,6 +133,11 @@ class Envelope:
     @property
     def kind(self) -> Kind:
         return self.state.kind if self.state is not None else "unresumable"
+
+    @property
+    def world_size(self) -> int | None:
+        """The processes that wrote the state; ``None`` for a save that holds none."""
+        return self.state.world_size if self.state is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         raw: dict[str, Any] = {FORMAT: FORMAT_VERSION, KIND: self.kind, KEYS: self.keys}

@@ -53,6 +53,11 @@ class LoaderState:
     def seed(self) -> int:
         return self.state.seed
 
+    @property
+    def world_size(self) -> int:
+        """The processes that wrote it."""
+        return self.state.world_size
+
     def to_dict(self) -> dict[str, Any]:
         saved: dict[str, Any] = {TRAIN: self.state.to_dict()}
         if self.fingerprints is not None:

@@ -214,6 +214,11 @@ class MixtureState:
         """The stream position of the save."""
         return self.mixture.epoch_start + self.loader.state.position
 
+    @property
+    def world_size(self) -> int:
+        """The processes that wrote it."""
+        return self.loader.world_size
+
     def to_dict(self) -> dict[str, Any]:
         return {**self.loader.to_dict(), MIXTURE: self.mixture.to_dict()}
 

@@ -20,7 +20,7 @@ from lightning.fabric.utilities.data import _reinstantiate_wrapped_cls
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch.utilities import CombinedLoader
-from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs
+from lightning.pytorch.utilities.data import _get_dataloader_init_args_and_kwargs, _is_dataloader_shuffled
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 __all__ = [
@@ -212,7 +212,13 @@ def rebuild_with_dataset(loader: DataLoader[Any], dataset: Dataset[Any]) -> Data
                 f"{type(loader).__name__} with a batch_sampler was built outside a Lightning hook; build it in"
                 " the hook that returns it"
             )
-        return reinstantiate_loader(loader, dataset, loader.sampler)  # type: ignore[arg-type]  # a Sampler
+        rebuilt_here = reinstantiate_loader(loader, dataset, loader.sampler)  # type: ignore[arg-type]  # a Sampler
+        recorded = getattr(rebuilt_here, "__pl_saved_kwargs", None)
+        if isinstance(recorded, dict) and "shuffle" in recorded:
+            # Rebuilt inside a hook, it records the ``shuffle=False`` that passing its sampler takes: keep what
+            # Lightning reads to warn of a shuffled evaluation loader as it would for the user's own.
+            recorded["shuffle"] = _is_dataloader_shuffled(loader)
+        return rebuilt_here
     original = loader.dataset
     args = tuple(dataset if value is original else value for value in getattr(loader, "__pl_saved_args"))
     saved_kwargs = getattr(loader, "__pl_saved_kwargs")

@@ -25,7 +25,6 @@ __all__ = [
     "partial_accumulation",
     "refuse_missing_state",
     "refuse_partial_accumulation",
-    "saved_world_size",
 ]
 
 
@@ -143,20 +142,3 @@ def refuse_missing_state(checkpoint: dict[str, Any], state_key: str) -> None:
             " train stream is unknown. The checkpoint was altered, or written by other code; resume from"
             " one the callback wrote"
         )
-
-
-def saved_world_size(state: Any) -> int | None:
-    """The world size a data state (the callback's slot in a checkpoint, any kind) was written on; ``None``: none."""
-    if isinstance(state, Mapping):
-        if isinstance(state.get("world_size"), int):
-            return int(state["world_size"])
-        values: Any = state.values()
-    elif isinstance(state, (list, tuple)):
-        values = state
-    else:
-        return None
-    for value in values:
-        found = saved_world_size(value)
-        if found is not None:
-            return found
-    return None

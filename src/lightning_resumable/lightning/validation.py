@@ -15,14 +15,18 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lightning_resumable.core.randomness import SampleSeededDataset
-from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.format._keys import validation_sample_seed
 from lightning_resumable.internals._lightning import rebuild_with_dataset
 
-__all__ = ["ValidationSeededDataset", "seed_validation_loaders"]
+__all__ = ["UnseededValidationWarning", "ValidationSeededDataset", "seed_validation_loaders"]
+
+
+class UnseededValidationWarning(UserWarning):
+    """A validation loader validates as the user gave it, without per-sample seeds (it cannot be rebuilt)."""
 
 
 class ValidationSeededDataset(SampleSeededDataset[Any]):
@@ -49,8 +53,8 @@ def seed_validation_loaders(loaders: Any, seed: int) -> Any:
     """``val_dataloader()``'s return value with each map-style loader's dataset seeded per sample; a
     stream, or anything but a loader (or a list, tuple or dict of them), is returned as it is.
 
-    Raises:
-        UnsupportedLoaderError: a ``DataLoader`` subclass whose constructor cannot be replayed.
+    A loader that cannot be rebuilt (a ``batch_sampler`` built outside a Lightning hook, a constructor that
+    cannot be replayed) is returned as it is, unseeded, with an `UnseededValidationWarning`.
     """
     if isinstance(loaders, Mapping):
         return {key: _seeded(each, seed, index) for index, (key, each) in enumerate(loaders.items())}
@@ -66,7 +70,11 @@ def _seeded(loader: Any, seed: int, index: int) -> Any:
     try:
         return rebuild_with_dataset(loader, dataset)
     except ValueError as error:
-        raise UnsupportedLoaderError(
-            f"val_dataloader() returned a {type(loader).__name__} that cannot be rebuilt around its seeded dataset"
-            f" ({error}); pass ResumableDataCallback(seed_samples=False) to validate on it unseeded"
-        ) from error
+        # Validation is never refused: plain Lightning validates on this loader, and so does the fit, unseeded.
+        rank_zero_warn(
+            f"lightning_resumable: validation loader {index} ({type(loader).__name__}) cannot be rebuilt around a"
+            f" per-sample seeded dataset ({error}); it validates as given, unseeded, so random draws in its"
+            " samples are not the same at every validation nor after a resume",
+            category=UnseededValidationWarning,
+        )
+        return loader

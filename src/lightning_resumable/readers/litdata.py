@@ -29,10 +29,11 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from litdata import CombinedStreamingDataset, StreamingDataLoader, StreamingDataset
+from litdata.streaming import dataloader as litdata_dataloader
 from litdata.streaming.item_loader import ParquetLoader, TokensLoader
 from litdata.streaming.sampler import ChunkedIndex
 from litdata.utilities.env import _WorkerEnv
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable.core import randomness
@@ -84,12 +85,20 @@ def source_names(datasets: list[Any]) -> list[str]:
     return [f"{name}-{number}" if names.count(name) > 1 else name for number, name in enumerate(names)]
 
 
+def _users_collate_fn(loader: Any) -> Any:
+    """The collation the user gave ``loader`` (LitData's loader wraps it in its own)."""
+    return loader.collate_fn.collate_fn if isinstance(loader, StreamingDataLoader) else loader.collate_fn
+
+
 def _written(names: list[str], weights: list[float], loader: Any, shuffle: bool) -> str:
     sources = ", ".join(f"{name!r}: StreamingDataset(...)" for name in names)
     shares = ", ".join(f"{name!r}: {weight:.4g}" for name, weight in zip(names, weights, strict=True))
+    collate_fn = _users_collate_fn(loader)
+    defaults = (default_collate, getattr(litdata_dataloader, "litdata_collate", default_collate))
+    collation = "" if collate_fn in defaults else f", collate_fn={getattr(collate_fn, '__qualname__', collate_fn)}"
     return (
         f"DataLoader(Mixture({{{sources}}}, {{{shares}}}{'' if shuffle else ', shuffle=False'}),"
-        f" batch_size={loader.batch_size}, num_workers={loader.num_workers})"
+        f" batch_size={loader.batch_size}, num_workers={loader.num_workers}{collation})"
     )
 
 
@@ -119,7 +128,7 @@ def combined_as_mixture(loader: Any) -> tuple[Mixture, dict[str, Any]]:
             f"LitData's CombinedStreamingDataset with {why} cannot be read as a Mixture; write {written}"
         )
     refuse_persistent_workers(loader, "LitData's loader")
-    collate_fn = loader.collate_fn.collate_fn if isinstance(loader, StreamingDataLoader) else loader.collate_fn
+    collate_fn = _users_collate_fn(loader)
     mixture = Mixture(
         dict(zip(names, datasets, strict=True)), dict(zip(names, weights, strict=True)), shuffle=True in shuffles
     )
