@@ -8,6 +8,7 @@ from importlib import import_module
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
+from lightning_resumable import _moved
 from lightning_resumable.core.batch_sources import BatchSources
 from lightning_resumable.core.batches import ResumableBatchSampler
 from lightning_resumable.core.chunks import Chunked
@@ -101,5 +102,7 @@ __all__ = [
     "sample_rng",
     "set_mosaic_environment",
 ]
+
+_moved.install()  # 0.2.0's module paths (lightning_resumable.sampler...), deprecated until 0.4.0
 
 __version__ = version("lightning-resumable")  # one place: pyproject.toml, read from the installed metadata

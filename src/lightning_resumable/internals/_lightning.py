@@ -213,11 +213,8 @@ def rebuild_with_dataset(loader: DataLoader[Any], dataset: Dataset[Any]) -> Data
                 " the hook that returns it"
             )
         rebuilt_here = reinstantiate_loader(loader, dataset, loader.sampler)  # type: ignore[arg-type]  # a Sampler
-        recorded = getattr(rebuilt_here, "__pl_saved_kwargs", None)
-        if isinstance(recorded, dict) and "shuffle" in recorded:
-            # Rebuilt inside a hook, it records the ``shuffle=False`` that passing its sampler takes: keep what
-            # Lightning reads to warn of a shuffled evaluation loader as it would for the user's own.
-            recorded["shuffle"] = _is_dataloader_shuffled(loader)
+        if isinstance(recorded := getattr(rebuilt_here, "__pl_saved_kwargs", None), dict):  # rebuilt in a hook:
+            recorded["shuffle"] = _is_dataloader_shuffled(loader)  # not shuffle=False: Lightning warns from it
         return rebuilt_here
     original = loader.dataset
     args = tuple(dataset if value is original else value for value in getattr(loader, "__pl_saved_args"))

@@ -25,7 +25,7 @@ from lightning_resumable.errors import (
     MissingStateError,
 )
 from lightning_resumable.format.audit import AuditLog
-from lightning_resumable.format.envelope import STATE_KEY, Body, Envelope, holds_no_state, parse
+from lightning_resumable.format.envelope import STATE_KEY, Body, Envelope, parse
 from lightning_resumable.internals._lightning import (
     batches_processed,
     rebuild_train_loader,
@@ -40,6 +40,7 @@ from lightning_resumable.lightning.progress import (
     partial_accumulation,
     refuse_missing_state,
     refuse_partial_accumulation,
+    saved_world_size,
 )
 from lightning_resumable.lightning.signals import HeldPreemption
 from lightning_resumable.lightning.train_input import TrainOwner
@@ -262,8 +263,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         if trainer.state.fn == TrainerFn.FITTING:  # validate/test/predict from a checkpoint read no train stream
             refuse_missing_state(checkpoint, self.state_key)
             self._loops.restored(checkpoint)
-            slot = checkpoint.get("callbacks", {}).get(self.state_key)
-            if not holds_no_state(slot) and parse(slot).world_size not in (None, trainer.world_size):
+            if saved_world_size(checkpoint, self.state_key) not in (None, trainer.world_size):
                 ended_epoch_resumes_on_another_world_size(checkpoint)
 
     # ------------------------------------------------------------------------------ training

@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_resumable.errors import MissingStateError, PartialAccumulationError
-from lightning_resumable.format.envelope import PartialAccumulation, holds_no_state
+from lightning_resumable.format.envelope import PartialAccumulation, holds_no_state, parse
 from lightning_resumable.internals._lightning import (
     batches_fetched_before,
     epoch_of_trained_batches,
@@ -25,6 +25,7 @@ __all__ = [
     "partial_accumulation",
     "refuse_missing_state",
     "refuse_partial_accumulation",
+    "saved_world_size",
 ]
 
 
@@ -142,3 +143,9 @@ def refuse_missing_state(checkpoint: dict[str, Any], state_key: str) -> None:
             " train stream is unknown. The checkpoint was altered, or written by other code; resume from"
             " one the callback wrote"
         )
+
+
+def saved_world_size(checkpoint: Mapping[str, Any], state_key: str) -> int | None:
+    """The world size the checkpoint's data state was written on, read from the parsed state; ``None``: none."""
+    slot = checkpoint.get("callbacks", {}).get(state_key)
+    return None if holds_no_state(slot) else parse(slot).world_size
