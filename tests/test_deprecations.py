@@ -17,7 +17,8 @@ from lightning_resumable.format.envelope import StreamState
 @pytest.mark.parametrize(("old", "name"), [(old, name) for old, names in MOVED.items() for name in names])
 def test_a_name_at_its_020_path_is_the_same_object_with_a_warning_naming_its_new_import(old: str, name: str) -> None:
     module = importlib.import_module(f"lightning_resumable.{old}")
-    with pytest.warns(DeprecationWarning, match=rf"lightning_resumable\.{old}\.{name} .* removed in 0\.4\.0: use `from "):
+    warning = rf"lightning_resumable\.{old}\.{name} .* removed in 0\.4\.0: use `from "
+    with pytest.warns(DeprecationWarning, match=warning):
         moved = getattr(module, name)
     expected = StreamState if name == "StreamState" else getattr(lightning_resumable, name)
     assert moved is expected
