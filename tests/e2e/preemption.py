@@ -222,14 +222,13 @@ def _run_leg(run: Path, phase: str, scenario: Scenario, previous: Path | None, *
 
 def _kept_at(run: Path, phase: str, world_size: int, checkpoint: Path) -> tuple[Records, Records]:
     """Per rank, the steps and validations of ``phase`` that a resume from ``checkpoint`` (written by it) keeps:
-    what the rank had recorded at the last save of that global step, on the exception's path or not, as the
-    checkpoint was written (`train.StepRecorder.on_save_checkpoint`)."""
-    step = int(torch.load(checkpoint, weights_only=False, map_location="cpu")["global_step"])
-    interrupted = checkpoint.name == "on_exception.ckpt"
+    what the rank had recorded at the save that wrote it, which the checkpoint names (`train.StepRecorder.
+    on_save_checkpoint`)."""
+    save = int(torch.load(checkpoint, weights_only=False, map_location="cpu")["e2e_save"])
     steps, validations = read_records(run, phase, world_size), read_validations(run, phase, world_size)
     for rank in range(world_size):
         saves = [json.loads(line) for line in (run / f"{phase}.saves.rank{rank}.jsonl").read_text().splitlines()]
-        saved = [each for each in saves if (each["global_step"], each["interrupted"]) == (step, interrupted)][-1]
+        (saved,) = [each for each in saves if each["save"] == save]
         steps[rank], validations[rank] = steps[rank][: saved["steps"]], validations[rank][: saved["validations"]]
     return steps, validations
 

@@ -454,6 +454,9 @@ class StepRecorder(L.Callback):
             return
         saved = {"global_step": trainer.global_step, "steps": self.steps, "validations": self.validated}
         saved["interrupted"] = trainer.interrupted  # the exception path's save (OnExceptionCheckpoint)
+        # Which save this is (every rank makes the same saves): the checkpoint names its record, where a global
+        # step does not (inside an accumulation window several saves share one; the HPC save and a later one).
+        saved["save"] = checkpoint["e2e_save"] = self.saves = getattr(self, "saves", -1) + 1
         with (Path(self.config["out_dir"]) / f"{self.config['phase']}.saves.rank{trainer.global_rank}.jsonl").open(
             "a"
         ) as saves:
