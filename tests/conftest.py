@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+from torchdata.stateful_dataloader.stateful_dataloader import _StatefulMultiProcessingDataLoaderIter
 
 import lightning_resumable
 
@@ -23,3 +28,34 @@ def pytest_configure() -> None:
         and SOURCE_TREE in Path(lightning_resumable.__file__).parents
     ):
         raise pytest.UsageError(f"the tests must run against the installed wheel, not {lightning_resumable.__file__}")
+
+
+SHUTDOWN_BOUND_S = 1.0
+"""A loader's workers end within milliseconds of the message that ends them; torch waits 5 s for each worker whose
+message never reached it (its queue closed first, by the garbage collector freeing a loader in a reference cycle)."""
+_slow_shutdowns: list[str] = []
+
+
+def _timed_shutdown(shutdown: Any) -> Any:
+    def timed(iterator: Any) -> None:
+        start = time.monotonic()
+        shutdown(iterator)
+        took = time.monotonic() - start
+        if took > SHUTDOWN_BOUND_S:
+            dataset = type(getattr(iterator, "_dataset", None)).__name__
+            _slow_shutdowns.append(f"{took:.1f} s to shut down the workers of an iterator over {dataset}")
+
+    return timed
+
+
+for _iterator_class in (_MultiProcessingDataLoaderIter, _StatefulMultiProcessingDataLoaderIter):
+    _iterator_class._shutdown_workers = _timed_shutdown(_iterator_class._shutdown_workers)  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True)
+def _loaders_shut_down_at_once() -> Iterator[None]:
+    """Fail the test during which any loader iterator (of this test, or an earlier one freed now) took over
+    `SHUTDOWN_BOUND_S` to shut its workers down: in the suite's order, not only alone."""
+    yield
+    slow, _slow_shutdowns[:] = list(_slow_shutdowns), []
+    assert slow == [], slow

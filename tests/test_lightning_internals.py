@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_resumable.internals._lightning import batches_processed
 
+from .helpers import Data, Model
 from .helpers import trainer as make_trainer
 
 
@@ -267,3 +271,24 @@ def test_lightnings_restart_runs_a_validation_written_as_restarted_before_its_fi
     Lightning's own restart (``_TrainingEpochLoop.advance``, ``_EvaluationLoop.restarted_mid_evaluation``)."""
     assert _fit_with_validations(tmp_path / "full", [_Saves(tmp_path)]) == [3, 6]
     assert _fit_with_validations(tmp_path / "resumed", [], tmp_path / checkpoint) == validations
+
+
+class _Unstated(IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self) -> Any:
+        return iter([torch.zeros(1)])
+
+
+class _Refused(Data):
+    def train_dataloader(self) -> Any:
+        return DataLoader(_Unstated())
+
+
+def test_a_refused_train_loader_leaves_no_argument_recording_behind(tmp_path: Path) -> None:
+    # Lightning's recording puts DataLoader's methods back only when train_dataloader() returns (lightning 2.6);
+    # the library undoes it when its refusal raises there, so later loaders are built as plain ones.
+    from lightning_resumable import ResumableDataCallback, UnsupportedLoaderError
+
+    with pytest.raises(UnsupportedLoaderError):
+        make_trainer(tmp_path, [ResumableDataCallback()]).fit(Model(), datamodule=_Refused())
+    assert not any(name.startswith("__old") for name in vars(DataLoader)), sorted(vars(DataLoader))
+    assert not hasattr(DataLoader(range(4), batch_size=2), "__pl_saved_args")

@@ -3,14 +3,19 @@ before forking new workers, and warn once on a CPython with the after-fork deadl
 
 from __future__ import annotations
 
+import gc
+import pickle
 import threading
+import time
 import warnings
+import weakref
 from typing import Any
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_resumable.core.produced import ProducedBatches, watch_loader
 from lightning_resumable.readers import quiet_fork, workers
 from lightning_resumable.readers.workers import WorkerSafeDataLoader, worker_safe
 
@@ -87,3 +92,37 @@ def test_before_a_loader_forks_the_threads_of_another_loaders_ended_pass_are_joi
     assert all(not queue._thread.is_alive() for queue in short_pass._index_queues if queue._thread)  # type: ignore[attr-defined]
     workers.retire_previous(long)
     del long_pass
+
+
+def _watched(loader: DataLoader[Any]) -> DataLoader[Any]:
+    watch_loader(loader, ProducedBatches(lambda: (0, 0, 0)))
+    return loader
+
+
+@pytest.mark.parametrize("wrap", [_watched, worker_safe, lambda loader: worker_safe(_watched(loader))])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_loader_the_library_wraps_frees_its_workers_at_once_when_dropped(wrap: Any, persistent: bool) -> None:
+    # No reference cycle through the iterator factory: the loader and an unexhausted iterator are freed by their
+    # reference counts, the iterator's queues still open, so each worker gets the message that ends it (a cycle
+    # left them to the garbage collector, which closed the queues first: 5 s a worker).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        loader = wrap(Tagged(data(), batch_size=4, num_workers=2, persistent_workers=persistent))
+        iterator = iter(loader)
+        next(iterator)
+        processes, freed = list(iterator._workers), weakref.ref(loader)
+        start = time.monotonic()
+        del loader, iterator
+        assert freed() is None, "the loader is in a reference cycle"
+        assert not any(process.is_alive() for process in processes)
+        assert time.monotonic() - start < 1.0
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def test_a_wrapped_loader_pickles_and_its_copy_iterates() -> None:
+    loader = worker_safe(_watched(Tagged(data(), batch_size=4)))
+    copy = pickle.loads(pickle.dumps(loader))
+    assert [batch[0].tolist() for batch in copy] == [batch[0].tolist() for batch in loader]

@@ -20,12 +20,14 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from torch.utils.data import DataLoader
 
 __all__ = [
+    "ClassFactory",
     "MakesIterators",
     "after_worker_signal_setup",
     "batches_handed_out",
@@ -53,13 +55,36 @@ class MakesIterators:
 
 
 def iterator_factory(loader: DataLoader[Any]) -> MakeIterator:
-    """What makes ``loader``'s next iterator (bound to it)."""
-    return loader._get_iterator
+    """What makes ``loader``'s next iterator now: its own factory, or its class's, holding ``loader`` weakly."""
+    own: MakeIterator | None = loader.__dict__.get("_get_iterator")
+    return own if own is not None else ClassFactory(loader)
 
 
 def set_iterator_factory(loader: DataLoader[Any], make: MakeIterator) -> None:
-    """Make ``loader``'s iterators with ``make`` from now on; its class stays its own."""
+    """Make ``loader``'s iterators with ``make`` from now on; its class stays its own.
+
+    ``make`` is kept in the loader's own attributes, so it must hold the loader weakly (`ClassFactory`,
+    `weakref.ref`): a loader in a reference cycle with its factory is freed by the garbage collector, which
+    first runs its iterator's queues' finalisers, closing them, and then the iterator's ``__del__``, whose
+    message that ends each worker can no longer be sent: torch waits 5 s for each worker before it kills it.
+    """
     loader._get_iterator = make  # type: ignore[method-assign]
+
+
+class ClassFactory:
+    """``loader``'s class's ``_get_iterator``, called on ``loader``, which it holds weakly (pickled with it)."""
+
+    def __init__(self, loader: DataLoader[Any]) -> None:
+        self.loader = weakref.ref(loader)
+
+    def __call__(self) -> Any:
+        loader = self.loader()
+        if loader is None:
+            raise ReferenceError("the DataLoader that made this iterator factory is gone")
+        return type(loader)._get_iterator(loader)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return ClassFactory, (self.loader(),)
 
 
 def next_batch_function(iterator: Any) -> Callable[[Any], Any] | None:

@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.core.hooks import DataHooks
 
 from lightning_resumable.errors import DuplicateCallbackError, MissingCallbackError, NoTrainerError
+from lightning_resumable.internals._dunder_patches import undo_argument_recording
 from lightning_resumable.lightning.callback import ResumableDataCallback
 from lightning_resumable.lightning.train_input import build_train_input
 from lightning_resumable.lightning.validation import seed_validation_loaders
@@ -85,27 +86,35 @@ def _wrap(cls: type, name: str, wrapper: Callable[[Callable[[Any], Any]], Callab
 def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], Any]:
     @functools.wraps(user_train_dataloader)
     def train_dataloader(self: ResumableDataModule) -> Any:
-        loader = user_train_dataloader(self)
-        trainer = getattr(self, "trainer", None)
-        if trainer is None:
-            raise NoTrainerError(
-                "train_dataloader() of a ResumableDataModule runs under a Trainer; attach the datamodule with"
-                " trainer.fit(model, datamodule)"
-            )
-        callback = _find_callback(trainer)
-        owner, iterated = build_train_input(
-            loader,
-            trainer,
-            callback.shuffle_seed(trainer),
-            seed_samples=callback.seed_samples,
-            seed_steps=callback.seed_steps,
-            allow_inexact_streams=callback.allow_inexact_streams,
-        )
-        callback.take(owner, trainer.current_epoch)
-        return iterated
+        try:
+            return _resumable_train_input(self, user_train_dataloader(self))
+        except BaseException:
+            undo_argument_recording()  # Lightning leaves it in place when the hook raises
+            raise
 
     setattr(train_dataloader, _WRAPPED, True)
     return train_dataloader
+
+
+def _resumable_train_input(self: ResumableDataModule, loader: Any) -> Any:
+    """What ``train_dataloader()`` returns: the user's loaders made resumable, their owner handed to the callback."""
+    trainer = getattr(self, "trainer", None)
+    if trainer is None:
+        raise NoTrainerError(
+            "train_dataloader() of a ResumableDataModule runs under a Trainer; attach the datamodule with"
+            " trainer.fit(model, datamodule)"
+        )
+    callback = _find_callback(trainer)
+    owner, iterated = build_train_input(
+        loader,
+        trainer,
+        callback.shuffle_seed(trainer),
+        seed_samples=callback.seed_samples,
+        seed_steps=callback.seed_steps,
+        allow_inexact_streams=callback.allow_inexact_streams,
+    )
+    callback.take(owner, trainer.current_epoch)
+    return iterated
 
 
 def _seeded_validation(user_val_dataloader: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -9,7 +9,9 @@ digest the checkpoint recorded. One `PassRecord` per loader, shared by every rea
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Mapping
+from types import MethodType
 from typing import Any
 
 from lightning_resumable.core import randomness
@@ -38,7 +40,9 @@ class PassRecord:
         state: Callable[[], dict[str, Any]] | None,
         state_at_end: bool = False,
     ) -> None:
-        self.name, self._state, self._state_at_end = name, state, state_at_end
+        self.name, self._state, self._state_at_end = name, _held_weakly(state), state_at_end
+        owner = weakref.ref(state.__self__) if isinstance(state, MethodType) else None
+        self._loader: Callable[[], object] = owner if owner is not None else lambda: None
         self.batches = 0  # batches of the current epoch yielded, counting those before a restore
         self._states: dict[int, dict[str, Any]] = {}
         self._read: dict[int, Any] = {}
@@ -75,9 +79,10 @@ class PassRecord:
         if pending is not None and pending[1] is not None:
             self._states[self.batches] = pending[1]  # the loader may not give it back before it reads
         self._source, self._restore_globals = batches, restore_globals
-        return self._recording()
+        return self._recording(self._loader())
 
-    def _recording(self) -> Iterator[Any]:
+    def _recording(self, loader: object) -> Iterator[Any]:
+        """The pass's batches; ``loader`` (whose state this record takes) is kept alive while they are read."""
         while True:
             if self._ahead is None and not self._read_next():
                 return
@@ -149,3 +154,21 @@ class PassRecord:
         loader made it.
         """
         return digest_of(self._read[batches]) if batches in self._read else ""
+
+
+def _held_weakly(state: Callable[[], dict[str, Any]] | None) -> Callable[[], dict[str, Any]] | None:
+    """``state``, a loader's own method held weakly: the loader holds its record, which holds the pass's iterator,
+    and a cycle through them would leave that iterator to the garbage collector, which closes its queues before
+    it shuts its workers down (torch then waits 5 s for each)."""
+    if not isinstance(state, MethodType):
+        return state
+    method = weakref.WeakMethod(state)
+
+    def call() -> dict[str, Any]:
+        bound = method()
+        if bound is None:
+            raise ReferenceError("the loader of this pass record is gone")
+        state: dict[str, Any] = bound()
+        return state
+
+    return call

@@ -198,6 +198,21 @@ def worker_safe(loader: DataLoader[Any]) -> DataLoader[Any]:
     """
     if isinstance(loader, RetiringLoader):
         return loader
-    make = iterator_factory(loader)
-    set_iterator_factory(loader, lambda: _iterator_after_retiring(loader, make))
+    set_iterator_factory(loader, _RetiringFactory(loader, iterator_factory(loader)))
     return loader
+
+
+class _RetiringFactory:
+    """A `worker_safe` loader's iterator factory, holding the loader weakly (`set_iterator_factory` says why)."""
+
+    def __init__(self, loader: DataLoader[Any], make: Callable[[], Any]) -> None:
+        self.loader, self.make = weakref.ref(loader), make
+
+    def __call__(self) -> Any:
+        loader = self.loader()
+        if loader is None:
+            raise ReferenceError("the DataLoader that made this iterator factory is gone")
+        return _iterator_after_retiring(loader, self.make)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _RetiringFactory, (self.loader(), self.make)
