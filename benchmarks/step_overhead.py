@@ -12,7 +12,7 @@ that median and the lowest and highest ratio. On this 2-core machine one fit's r
 15% from the next one's (with 1 intra-op thread too), so a gap is real only where the interval
 excludes 1.0 and its width is smaller than the gap; add rounds until it is. Then (alone with
 ``--cost``) what the library adds per batch, measured in-process where noise hardly reaches: the
-per-sample seeding of a batch's fetch against the plain fetch and the step.
+per-sample seeding of a batch's fetch against the plain fetch and the step, and the callback's per-batch hooks.
 """
 
 from __future__ import annotations
@@ -206,9 +206,40 @@ def cost_per_batch(rounds: int = 40) -> None:
         print(f"| {name} | {best[name]:.0f} µs | {added} |")
 
 
+def hook_cost(steps: int = 400) -> None:
+    """The callback's per-batch hooks, timed inside a 0-worker fit (each call's time; medians): what the
+    library adds to every step outside the fetch, measured where a fit's noise hardly reaches."""
+    spent: dict[str, list[float]] = {}
+    for name in ("on_train_batch_start", "on_train_batch_end"):
+        hook = getattr(ResumableDataCallback, name)
+
+        def timed(self: Any, *args: Any, _hook: Any = hook, _name: str = name) -> None:
+            start = time.perf_counter()
+            _hook(self, *args)
+            spent.setdefault(_name, []).append(time.perf_counter() - start)
+
+        setattr(ResumableDataCallback, name, timed)
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    shown = os.dup(1)
+    os.dup2(quiet, 1)
+    try:
+        fit(0, True, 30)
+        spent.clear()
+        fit(0, True, steps)
+    finally:
+        os.dup2(shown, 1)
+    print(f"\nThe callback's hooks per batch, 0 workers, {steps} steps (median of each call):")
+    print("| hook | time |")
+    print("|---|---|")
+    for name, times in spent.items():
+        print(f"| {name} | {statistics.median(times) * 1e6:.0f} µs |")
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--cost"]:
         cost_per_batch()
+        hook_cost()
     else:
         main()
         cost_per_batch()
+        hook_cost()

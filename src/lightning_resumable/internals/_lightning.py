@@ -41,6 +41,7 @@ __all__ = [
     "saving_off_the_training_path",
     "set_fabric_pass_count",
     "silence_not_resumable_warning",
+    "validation_follows",
 ]
 
 log = logging.getLogger("lightning.pytorch.lightning_resumable")
@@ -71,7 +72,7 @@ def epoch_of_trained_batches(trainer: pl.Trainer) -> int:
     return trainer.current_epoch - 1 if ended and trainer.current_epoch == epoch.completed else trainer.current_epoch
 
 
-def _validation_follows(trainer: pl.Trainer) -> bool:
+def validation_follows(trainer: pl.Trainer) -> bool:
     """Whether Lightning validates after the training batch now ending (a save in ``on_train_batch_end``):
     ``_TrainingEpochLoop.on_advance_end`` asks ``_should_check_val_fx`` right after that hook."""
     fit_loop = trainer.fit_loop
@@ -93,7 +94,7 @@ def resumes_in_next_epoch(trainer: pl.Trainer) -> bool:
     if _processed(fit_loop.epoch_progress.current) > trainer.current_epoch:
         return True
     batch = fit_loop.epoch_loop.batch_progress.current
-    return batch.completed < _processed(batch) and not _validation_follows(trainer)
+    return batch.completed < _processed(batch) and not validation_follows(trainer)
 
 
 def _processed(progress: object) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lightning_resumable.internals._lightning import _processed, _validation_follows
+from lightning_resumable.internals._lightning import _processed, validation_follows
 
 __all__ = ["RestoredLoops", "ended_epoch_resumes_on_another_world_size", "loops_resume_where_the_data_does"]
 
@@ -98,7 +98,7 @@ def validation_resumes_from_its_start(trainer: pl.Trainer, checkpoint: dict[str,
             _no_validation_in_progress(loops)  # complete: its on_validation_end (ModelCheckpoint(monitor=...))
             return
         earlier = val.total.ready - val.current.ready  # batches of this epoch's earlier validations
-    elif batch.current.completed == _processed(batch.current) - 1 and _validation_follows(trainer):
+    elif batch.current.completed == _processed(batch.current) - 1 and validation_follows(trainer):
         earlier = val.total.completed
         train = {key: value for key, value in loops["epoch_loop.batch_progress"].items()}
         for part in ("total", "current"):

@@ -40,6 +40,7 @@ from lightning_resumable.lightning.progress import (
     partial_accumulation,
     refuse_missing_state,
     refuse_partial_accumulation,
+    runs_before_next_step,
     saved_world_size,
 )
 from lightning_resumable.lightning.signals import HeldPreemption
@@ -311,7 +312,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
             batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
             boundary = partial_accumulation(trainer, batches, batches >= trainer.num_training_batches) is None
             self._preemption.act(trainer, boundary)
-            if self.seed_steps and self._seed is not None:
+            if self.seed_steps and self._seed is not None and runs_before_next_step(trainer):
                 seed_training_step(self._seed, trainer.current_epoch, batches - 1, ended=True)
 
     @override

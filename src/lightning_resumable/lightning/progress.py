@@ -17,6 +17,7 @@ from lightning_resumable.internals._lightning import (
     batches_fetched_before,
     epoch_of_trained_batches,
     resumes_in_next_epoch,
+    validation_follows,
 )
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "partial_accumulation",
     "refuse_missing_state",
     "refuse_partial_accumulation",
+    "runs_before_next_step",
     "saved_world_size",
 ]
 
@@ -149,3 +151,10 @@ def saved_world_size(checkpoint: Mapping[str, Any], state_key: str) -> int | Non
     """The world size the checkpoint's data state was written on, read from the parsed state; ``None``: none."""
     slot = checkpoint.get("callbacks", {}).get(state_key)
     return None if holds_no_state(slot) else parse(slot).world_size
+
+
+def runs_before_next_step(trainer: pl.Trainer) -> bool:
+    """Whether what a resume after the batch now ending runs again follows it: a validation, or the epoch's end
+    (``on_train_epoch_end``). Only then are the generators seeded at a step's end, as a resume seeds them there;
+    elsewhere nothing a resume repeats draws from them before the next step's seeding (about 30 µs a step)."""
+    return trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or validation_follows(trainer)
