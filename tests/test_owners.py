@@ -93,7 +93,7 @@ def test_a_finished_stream_resumes_in_the_next_epoch_or_at_its_own_end(trainer_e
 def test_a_finished_stream_is_refused_two_epochs_on() -> None:
     owner = StreamOwner(Reader(), 0, 2)  # type: ignore[arg-type]
     owner.restore(stream_state(2, finished=True), 3, True, functools.partial(check_world_size, True))
-    with pytest.raises(IncompatibleStateError, match="resumes epoch 2"):
+    with pytest.raises(IncompatibleStateError, match="resumes epoch 1 but the trainer resumes epoch 3"):
         owner.start(Trainer(3), 0)  # type: ignore[arg-type]
 
 

@@ -76,16 +76,15 @@ def test_a_signal_arriving_during_an_agreement_is_kept_for_the_next(monkeypatch:
     cleared with them, and its rank never stopped (a preempted run trained on to its end)."""
     signals = DeferredSignals([signal.SIGUSR1])
     assert signals.install()
-    real_tensor = torch.tensor
+    available = worker_signals.dist.is_available
 
-    def tensor_and_a_signal(*args: object, **kwargs: object) -> torch.Tensor:
-        made = real_tensor(*args, **kwargs)  # type: ignore[call-overload]
+    def available_and_a_signal() -> bool:  # asked after the received signals were taken, before they are read
         os.kill(os.getpid(), signal.SIGUSR1)  # handled as soon as this returns
-        return made
+        return available()
 
     try:
         with monkeypatch.context() as patched:
-            patched.setattr(worker_signals.torch, "tensor", tensor_and_a_signal)
+            patched.setattr(worker_signals.dist, "is_available", available_and_a_signal)
             first = signals.agree(torch.device("cpu"))
         assert first | signals.agree(torch.device("cpu")) == {signal.SIGUSR1}
     finally:

@@ -20,6 +20,7 @@ from lightning_resumable.core.draws import Draws, Permutation
 from lightning_resumable.core.order import MAX_SIZE, one_thread
 from lightning_resumable.core.passes import HandedOut, SamplerPass
 from lightning_resumable.core.randomness import SampleKey, keyed_batches, sample_seeds
+from lightning_resumable.core.resume_start import DataPlace, Start, resume_start
 from lightning_resumable.errors import PendingRestoreError
 from lightning_resumable.format._keys import cycle_seed
 from lightning_resumable.format.state import DataState
@@ -30,9 +31,8 @@ Passes = Literal["repeat", "cycle", "once"]
 """What a pass of an epoch after a complete one yields (see `ResumableSampler`)."""
 _FIRST_CHUNK = 256
 _CHUNK = 65536
-"""Positions computed per vectorised step: large enough to amortise torch's per-call cost, small
-enough to stay in cache. The first chunks are smaller (from ``_FIRST_CHUNK``, growing fourfold) so
-the first batch after a restore costs microseconds."""
+"""Positions computed per vectorised step: amortising torch's per-call cost, in cache. The first chunks are
+smaller (from ``_FIRST_CHUNK``, growing fourfold) so the first batch after a restore costs microseconds."""
 
 
 class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
@@ -44,9 +44,8 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
     (samples consumed by all ranks), so a state written on ``W`` processes restores on ``W'``, every
     remaining sample of the epoch once (plus ``DistributedSampler``-style padding unless ``drop_last``).
 
-    Consumption is what the trainer has trained on, not what workers prefetched: pass the trained
-    batches to ``state_dict(batches)`` (``ResumableDataCallback`` does); without them it counts the
-    indices handed out, right only without prefetching (``num_workers=0``).
+    Consumption is what the trainer has trained on, not what workers prefetched: pass the trained batches to
+    ``state_dict(batches)`` (``ResumableDataCallback`` does); else it counts the indices handed out (no prefetch).
 
     Args:
         dataset: a sized dataset.
@@ -61,13 +60,11 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         sample_keys: yield ``(index, sample seed)`` pairs, the seed derived from ``(seed, epoch, global
             position)``, for a `SampleSeededDataset` to fetch each sample under its own seed.
         drop_last_batch: the loader's ``drop_last``, recorded so that a resume with another is refused.
-        passes: what a pass after a complete one yields: ``"repeat"`` the epoch's order again (as
-            ``DistributedSampler``), ``"cycle"`` the epoch's next cycle (keyed by ``(seed, epoch, cycle)``,
-            for ``max_size_cycle``), ``"once"`` nothing (``max_size``, ``min_size``); the library sets the last two.
+        passes: what a pass after a complete one yields: ``"repeat"`` the epoch's order again (as torch's),
+            ``"cycle"`` the next cycle (keyed by ``(seed, epoch, cycle)``, for ``max_size_cycle``), ``"once"`` nothing.
 
-    A restore (`load_state_dict`) applies to the next pass only; a state saved after the epoch's last
-    sample restores to an empty pass (the epoch's rest), or inside a torchdata ``StatefulDataLoader``
-    whose iterator had run out, to the pass after it (`lightning_resumable.core.passes`).
+    A restore (`load_state_dict`) applies to the next pass only; a state saved after the epoch's last sample restores
+    to an empty pass (the epoch's rest), or in a ``StatefulDataLoader`` run out, the next (`core.passes`).
 
     Example:
         ```python
@@ -123,10 +120,9 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
 
     # ----------------------------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch. A new epoch starts at position 0; the current one keeps its position.
-
-        Between a restore and the pass it applies to, only the restored epoch is accepted (or the next
-        one, when the restored state is a complete epoch): another would silently drop the restore.
+        """Select the epoch. A new epoch starts at position 0; the current one keeps its position. Between a
+        restore and its pass, only the restored epoch is accepted (or the next one, where a resume starts it:
+        `resume_start`); another would silently drop the restore.
 
         Raises:
             PendingRestoreError: ``epoch`` would drop a restored position not yet iterated.
@@ -134,7 +130,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         restored_elsewhere = self._origin_is_restored and epoch != self.epoch
-        if restored_elsewhere and not (epoch == self.epoch + 1 and self.origin_at_end):  # a length may cost a pass
+        if restored_elsewhere and not self._next_epoch_starts(epoch):
             raise PendingRestoreError(
                 f"set_epoch({epoch}) after a restore of epoch {self.epoch} at position {self._origin_position}"
                 f" would start epoch {epoch} from its beginning and drop the restored position. Under Fabric,"
@@ -298,11 +294,9 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Start the saved epoch at the saved global position on the next ``iter()`` (that one only).
 
-        A state at or past the epoch's last sample restores as a complete epoch: the next ``iter()``
-        yields its empty rest (as torchdata's ``StatefulDistributedSampler``), the one after it, or
-        ``set_epoch`` of the next epoch, starts anew. Into a sampler already set to the epoch after it, it
-        restores only the seed (torchdata restores at the first ``iter()``, after a loop's ``set_epoch``
-        of the next epoch).
+        A state at or past the epoch's last sample restores as a complete epoch: the next ``iter()`` yields its
+        empty rest (as torchdata's ``StatefulDistributedSampler``), the one after it, or ``set_epoch`` of the next
+        epoch, starts anew; into a sampler already set to that next epoch, only the seed.
 
         Raises:
             StateFormatError: the state is malformed.
@@ -324,8 +318,14 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         resized = saved.world_size != self.num_replicas
         self._anchor = (saved.position, saved.batches) if resized else (saved.anchor_position, saved.anchor_batches)
         self._origin_is_restored, self._restored_pass = True, None
-        if epoch_set == saved.epoch + 1 and self.origin_at_end:
+        if self._next_epoch_starts(epoch_set):
             self.set_epoch(epoch_set)  # the loop has begun the next epoch: start it
+
+    def _next_epoch_starts(self, epoch: int) -> bool:
+        """Whether a loop at ``epoch`` starts it (`resume_start`); only the next one can (is the restored one over:
+        a length may cost a pass)."""
+        over = epoch == self.epoch + 1 and self.origin_at_end
+        return resume_start(DataPlace(self.epoch, self._origin_batches, over), epoch) is Start.NEXT_EPOCH
 
     def _restore_into(self, number: int, state: Mapping[str, Any]) -> None:
         """torchdata's `SamplerPass.load_state_dict`: the restore is pass ``number``'s, none other's."""
@@ -334,7 +334,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
             self._restored_pass = number
 
     def end_restored_epoch(self) -> None:
-        """The loop ends the restored epoch here (``limit_train_batches`` reached): its rest is never read."""
+        """The loop ends the restored epoch here (`Start.EPOCH_CUT`, `Start.NEXT_EPOCH`): its rest is never read."""
         self._pass_complete = self._pass_complete or self._origin_is_restored
         self._origin_is_restored = False
 

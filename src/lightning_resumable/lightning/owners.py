@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader
 
+from lightning_resumable.core.resume_start import DataPlace, Start, resume_start
 from lightning_resumable.core.sampler import ResumableSampler
 from lightning_resumable.errors import IncompatibleStateError
 from lightning_resumable.format.envelope import (
@@ -161,10 +162,9 @@ class LoaderOwner(Owner[LoaderState]):
         return self.owned.save(at.batches, None, at)
 
     def start(self, trainer: pl.Trainer, batches: int) -> int:
-        # limit_train_batches reached: Lightning ends the epoch and reads no more (a fit extended from it: the next)
-        limited = 0 < trainer.num_training_batches <= self.sampler.origin[2]
-        self.rebuild_now = self.owned.check_start(trainer, (0, batches), saved_epoch_over=True if limited else None)
-        if self.sampler.epoch == trainer.current_epoch and limited:
+        start = self.owned.check_start(trainer, (0, batches))
+        self.rebuild_now = start is Start.NEXT_EPOCH
+        if start is Start.EPOCH_CUT:  # limit_train_batches reached: Lightning ends the epoch and reads no more
             self.sampler.end_restored_epoch()
         return self.owned.first_batch()
 
@@ -206,7 +206,7 @@ class LoadersOwner(Owner[LoadersState]):
         for key in sorted(self.owned):
             state = saved.loaders[key].state
             world_size_policy(state.world_size, self.owned[key].sampler.num_replicas, SEVERAL_SAME_SIZE, _where(state))
-            self.owned[key].restore(saved.loaders[key], verify, epoch, saved_epoch_over=True)
+            self.owned[key].restore(saved.loaders[key], verify, epoch, lightning_ends_epoch=True)
 
     @property
     def first_sampler(self) -> ResumableSampler:
@@ -230,9 +230,12 @@ class LoadersOwner(Owner[LoadersState]):
             # Where Lightning ended the saved epoch (a finished fit extended), how far each loader read in it (a
             # shorter one restarted, a longer one cut short) no longer matters: the next epoch starts.
             position = loader_position(self.mode, batches, len(owned.loader))
-            self.rebuild_now = owned.check_start(trainer, position, saved_epoch_over=True) or self.rebuild_now
+            started = owned.check_start(trainer, position, lightning_ends_epoch=True)
+            self.rebuild_now = started is Start.NEXT_EPOCH or self.rebuild_now
             first = max(first, owned.first_batch())
-        if 0 < trainer.num_training_batches <= first:  # Lightning ends the restored epoch here (its last batch)
+        # Lightning ends the restored epoch at its last batch (limit_train_batches), counted over the loaders together
+        place = DataPlace(self.first_sampler.epoch, first)
+        if resume_start(place, trainer.current_epoch, epoch_length=trainer.num_training_batches) is Start.EPOCH_CUT:
             for owned in self.owned.values():
                 owned.sampler.end_restored_epoch()
         return first

@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from lightning_resumable.core.produced import ProducedBatches, watch_loader
+from lightning_resumable.core.resume_start import DataPlace, Start, resume_start
 from lightning_resumable.core.sampler import ResumableSampler
 from lightning_resumable.core.verification import (
     all_gather_objects,
@@ -59,17 +60,18 @@ class SampledLoader:
     def user_dataset(self) -> object:
         return getattr(self.loader.dataset, "dataset", self.loader.dataset)  # inside the SampleSeededDataset
 
-    def restore(self, saved: LoaderState, verify: bool, epoch: int, saved_epoch_over: bool | None = None) -> None:
+    def restore(self, saved: LoaderState, verify: bool, epoch: int, lightning_ends_epoch: bool = False) -> None:
         """Apply a saved state (the sampler's, then the dataset's); the world size is the caller's to police.
 
-        ``epoch`` is the trainer's: see `start_next_epoch_if_over`, done here too, before any iterator exists
-        (a loader's workers read ahead from the first one Lightning makes).
+        ``epoch`` is the trainer's: a resume that starts the next epoch (`resume_start`) starts it here, before
+        any iterator exists (a loader's workers read ahead from the first one Lightning makes).
         """
         state = saved.state
         self.sampler.restore(state)  # refuses another setup before anything changes
         resized = state.world_size != self.sampler.num_replicas
         self._restore_dataset(saved.dataset)
-        if self.start_next_epoch_if_over(epoch, saved_epoch_over):
+        if resume_start(self.place(lightning_ends_epoch), epoch) is Start.NEXT_EPOCH:
+            self.begin_next_epoch(epoch)
             return
         if not verify:
             return
@@ -180,48 +182,42 @@ class SampledLoader:
         workers = self.loader.num_workers > 0
         check_produced_batches(all_gather_objects(self.produced.first_batch), self.sampler.epoch, self.where, workers)
 
-    def start_next_epoch_if_over(self, epoch: int, saved_epoch_over: bool | None = None) -> bool:
-        """Whether the trainer's ``epoch`` is one past the restored one, which is over (a finished fit extended,
-        a save after ``fit()`` returned): then that next epoch starts. Over: its sampler left no batch, or
-        ``saved_epoch_over`` (several loaders, whose epoch Lightning ends). Its start is a pure function of the
-        seed: nothing to verify."""
-        if self.sampler.origin[0] + 1 != epoch:
-            return False
-        if not (self.sampler.origin_at_end if saved_epoch_over is None else saved_epoch_over):
-            return False
+    def place(self, lightning_ends_epoch: bool = False) -> DataPlace:
+        """Where the restored stream stands: over when its sampler left no batch; with ``lightning_ends_epoch``
+        (several loaders, each wherever it is) Lightning's end of the epoch ends it."""
+        epoch, _, batches = self.sampler.origin
+        return DataPlace(epoch, batches, None if lightning_ends_epoch else self.sampler.origin_at_end)
+
+    def begin_next_epoch(self, epoch: int) -> None:
+        """`Start.NEXT_EPOCH`: the restored epoch is over, ``epoch`` starts; a pure function of the seed, nothing
+        to verify."""
         self.sampler.end_restored_epoch()
         self.sampler.set_epoch(epoch)
         self.to_verify, self.verifying_produced = None, False
-        return True
 
-    def check_start(self, trainer: pl.Trainer, expected: tuple[int, int], saved_epoch_over: bool | None = None) -> bool:
-        """Refuse a trainer that resumes another place than the data; verify the next batches. Whether it
-        started the next epoch here (`start_next_epoch_if_over`, for a loader built before Lightning restored
-        its loops, as ``estimated_stepping_batches`` does): an iterator made before read ahead of it."""
-        if self.start_next_epoch_if_over(trainer.current_epoch, saved_epoch_over):
-            return True
-        epoch, position, batches = self.sampler.origin
+    def check_start(self, trainer: pl.Trainer, expected: tuple[int, int], lightning_ends_epoch: bool = False) -> Start:
+        """Where this loader resumes (`resume_start`) against the trainer's epoch and its count ``expected``
+        (``(cycle, batches)`` of this loader), refusing another place; verifies the next batches. A next epoch
+        is started here too, for a loader built before Lightning restored its loops (as
+        ``estimated_stepping_batches`` does): an iterator made before read ahead of it."""
         cycle, expected_batches = expected
-        if (epoch, position) == (trainer.current_epoch + 1, 0) and expected_batches >= trainer.num_training_batches:
-            return False  # Lightning first ends an epoch it trained to its end (a max_steps run saved there)
-        if epoch != trainer.current_epoch:
+        place = self.place(lightning_ends_epoch)
+        start = resume_start(place, trainer.current_epoch, expected_batches, trainer.num_training_batches, self.where)
+        if start is Start.NEXT_EPOCH:
+            self.begin_next_epoch(trainer.current_epoch)
+            return start
+        if place.epoch != trainer.current_epoch:
+            return start  # written as the next epoch's start: Lightning first ends the one it trained
+        if place.batches and self.sampler.cycle != cycle:
             raise IncompatibleStateError(
-                f"the data state{self.where} resumes epoch {epoch} but the trainer resumes epoch"
-                f" {trainer.current_epoch}"
-            )
-        if batches and (batches, self.sampler.cycle) != (expected_batches, cycle):
-            ours, theirs = f"{batches} batches", f"{expected_batches}"
-            if self.key is not None:
-                ours, theirs = f"{ours} (cycle {self.sampler.cycle})", f"{theirs} (cycle {cycle})"
-            raise IncompatibleStateError(
-                f"the data state{self.where} resumes after {ours} of epoch {epoch} but the trainer's count means"
-                f" {theirs}"
+                f"the data state{self.where} resumes after {place.batches} batches (cycle {self.sampler.cycle}) of"
+                f" epoch {place.epoch} but the trainer's count means {expected_batches} (cycle {cycle})"
             )
         if self.to_verify is not None:
             saved, fingerprints = self.to_verify
             self.to_verify = None
             check_fingerprints(self.loader, saved, fingerprints, trainer.global_rank, trainer.world_size)
-        return False
+        return start
 
     def first_batch(self) -> int:
         _, _, origin_batches = self.sampler.origin

@@ -10,6 +10,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_resumable.core.resume_start import DataPlace, Start, resume_start
 from lightning_resumable.core.verification import all_gather_objects, check_first_stream_batches, digest_of
 from lightning_resumable.errors import IncompatibleStateError
 from lightning_resumable.format.envelope import GLOBAL_POSITION_ATTRIBUTE, StreamState, Unresumable
@@ -39,7 +40,7 @@ class StreamOwner(Owner[StreamState]):
     def __init__(self, loader: StreamReader, rank: int, world_size: int) -> None:
         check_contract(loader, owned=(loader.dataset,))
         self.loader, self.rank, self.world_size = loader, rank, world_size
-        self.resumes_at: tuple[int, int | None] | None = None  # (epoch, batches); no count for a fresh epoch
+        self.resumes_at: DataPlace | None = None  # where the restored stream stopped
         self.verifying: tuple[int, int] | None = None  # (epoch, batches) whose next batch is verified
 
     def restore(self, saved: StreamState, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
@@ -51,9 +52,11 @@ class StreamOwner(Owner[StreamState]):
         where = f"at epoch {saved.epoch}, after {saved.batches} batches of its stream"
         world_size_policy(saved.world_size, self.world_size, self.loader.world_size_refusal(saved), where)
         state = self.loader.state_for_rank(saved, self.rank, self.world_size)  # the reader's checks of its layout
-        if saved.finished or read_to_its_length(self.loader, saved.batches):  # the resume starts the next epoch
+        self.resumes_at = place = DataPlace(saved.epoch, saved.batches, saved.finished)
+        # Nothing more is read of a saved epoch that is over (a trainer in the next one would start it): the next
+        # pass is the next epoch, wherever the trainer is (the train start refuses another place).
+        if resume_start(place, saved.epoch + 1, epoch_length=_length(self.loader)) is Start.NEXT_EPOCH:
             self.loader.start_epoch(saved.epoch + 1)
-            self.resumes_at = (saved.epoch + 1, None)
         elif saved.epoch == epoch:
             # Each rank verifies its own next batch, on the world size that recorded them.
             if verify and saved.next_batch is None:
@@ -62,7 +65,6 @@ class StreamOwner(Owner[StreamState]):
             recorded = saved.next_batch if verifiable else None
             self.loader.resume_from(state, saved.batches, recorded[self.rank] if recorded else "")
             self.verifying = (saved.epoch, saved.batches) if recorded else None
-            self.resumes_at = (saved.epoch, saved.batches)
         else:
             raise IncompatibleStateError(
                 f"the stream state resumes epoch {saved.epoch} after {saved.batches} batches, but the trainer"
@@ -100,16 +102,11 @@ class StreamOwner(Owner[StreamState]):
     def start(self, trainer: pl.Trainer, batches: int) -> int:
         if self.resumes_at is None:
             return 0
-        (epoch, stream_batches), self.resumes_at = self.resumes_at, None
+        place, self.resumes_at = self.resumes_at, None
         # A stream read to its end resumes in the next epoch, or at the end of its own where Lightning's loop
         # ends that epoch first (a checkpoint of the validation after its last batch): nothing is read there.
-        ending = stream_batches is None and trainer.current_epoch == epoch - 1
-        if not ending and (epoch != trainer.current_epoch or stream_batches not in (None, batches)):
-            raise IncompatibleStateError(
-                f"the stream state resumes epoch {epoch} after {stream_batches or 0} batches but the trainer"
-                f" resumes epoch {trainer.current_epoch} after {batches}"
-            )
-        return stream_batches or 0
+        start = resume_start(place, trainer.current_epoch, batches, _length(self.loader), " (the stream)")
+        return place.batches if start is Start.AT_POSITION else 0
 
     def check_first_batch(self) -> None:
         if self.verifying is not None:
@@ -123,12 +120,10 @@ class StreamOwner(Owner[StreamState]):
         self.loader.retire_workers()
 
 
-def read_to_its_length(loader: Any, batches: int) -> bool:
-    """Whether ``batches`` is the whole epoch by ``loader``'s length, where Lightning ends the epoch (it reads no
-    batch past ``len()``), though the stream has not said it is over: a LitData ``CombinedStreamingDataset``
-    saved at its last batch resumed the ended epoch while Lightning began the next."""
+def _length(loader: Any) -> int | None:
+    """The batches Lightning reads of the stream's epoch: its loader's length (it reads no batch past ``len()``,
+    though the stream has not said it is over); ``None``: no length, the stream's own end ends the epoch."""
     try:
-        length = len(loader)
-    except TypeError:  # no length: the stream's own end ends the epoch
-        return False
-    return 0 < length <= batches
+        return len(loader)
+    except TypeError:
+        return None
