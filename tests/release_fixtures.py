@@ -24,14 +24,14 @@ from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import DataLoader, Dataset, IterableDataset, WeightedRandomSampler
 
 import lightning_resumable
-from lightning_resumable import ResumableDataCallback, ResumableDataModule
+from lightning_resumable import Mixture, ResumableDataCallback, ResumableDataModule
 
 from .helpers import SaveAtStep  # used only to write fixtures, never to check them
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SEED = 2026
 EPOCHS = 2
-SCENARIOS: dict[str, int] = {"shuffle": 13, "weighted": 5, "combined": 9, "stream": 11}
+SCENARIOS: dict[str, int] = {"shuffle": 13, "weighted": 5, "combined": 9, "stream": 11, "mixture": 7}
 """Each scenario and the optimizer step after which its checkpoint is written (mid-epoch)."""
 
 
@@ -82,6 +82,9 @@ class Data(ResumableDataModule, L.LightningDataModule):
             long = DataLoader(Samples(20), batch_size=2, shuffle=True)
             short = DataLoader(Samples(7, offset=100), batch_size=2, shuffle=True)
             return CombinedLoader({"long": long, "short": short}, "max_size_cycle")
+        if self.scenario == "mixture":  # from 0.3.0
+            sources = {"a": Samples(18), "b": Samples(10, offset=100)}
+            return DataLoader(Mixture(sources, {"a": 2, "b": 1}), batch_size=3)
         return DataLoader(Stream(), batch_size=4)
 
 
