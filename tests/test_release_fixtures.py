@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from lightning_resumable import IncompatibleStateError
+from lightning_resumable.format.envelope import StreamState, parse
 from lightning_resumable.internals._torchdata import torchdata_release, torchdata_version
 from lightning_resumable.tools.cli import main as cli_main
 
@@ -47,7 +48,8 @@ def data_state(path: Path) -> dict[str, Any]:
 
 def newer_torchdata(path: Path) -> str | None:
     """The torchdata version that wrote a stream checkpoint, if newer than the installed one."""
-    written = data_state(path).get("stream", {}).get("torchdata", "")
+    body = parse(data_state(path)).state  # any release's form (0.3.0 writes an envelope)
+    written = body.torchdata if isinstance(body, StreamState) else ""
     return written if written and torchdata_release(written) > torchdata_release(torchdata_version()) else None
 
 
