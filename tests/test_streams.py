@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +201,23 @@ def test_first_stream_batches_that_differ_are_refused_naming_each_rank() -> None
         check_first_stream_batches([("a" * 16, "a" * 16), ("b" * 16, "c" * 16), ("d" * 16, "e" * 16)], 1, 3)
     assert "rank 0" not in str(refused.value)
     assert f"rank 1 read a batch with digest {'c' * 16}, not {'b' * 16}; rank 2 read" in str(refused.value)
+
+
+def test_a_stream_loader_and_its_unexhausted_pass_are_freed_without_the_garbage_collector() -> None:
+    # Its pass record holds the loader weakly: no cycle keeps the iterator to the collector, which closed its
+    # queues before the workers were told to end (5 s each). A pass being read keeps its loader alive.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        loader = stream_loader(2)
+        batches = iter(loader)
+        next(batches)
+        freed = weakref.ref(loader)
+        del loader
+        assert freed() is not None, "the pass being read keeps its loader"
+        next(batches)
+        del batches
+        assert freed() is None, "the loader is in a reference cycle"
+    finally:
+        if collecting:
+            gc.enable()

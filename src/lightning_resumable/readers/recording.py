@@ -40,9 +40,8 @@ class PassRecord:
         state: Callable[[], dict[str, Any]] | None,
         state_at_end: bool = False,
     ) -> None:
-        self.name, self._state, self._state_at_end = name, _held_weakly(state), state_at_end
-        owner = weakref.ref(state.__self__) if isinstance(state, MethodType) else None
-        self._loader: Callable[[], object] = owner if owner is not None else lambda: None
+        held = _LoaderMethod(state) if isinstance(state, MethodType) else state
+        self.name, self._state, self._state_at_end = name, held, state_at_end
         self.batches = 0  # batches of the current epoch yielded, counting those before a restore
         self._states: dict[int, dict[str, Any]] = {}
         self._read: dict[int, Any] = {}
@@ -79,7 +78,7 @@ class PassRecord:
         if pending is not None and pending[1] is not None:
             self._states[self.batches] = pending[1]  # the loader may not give it back before it reads
         self._source, self._restore_globals = batches, restore_globals
-        return self._recording(self._loader())
+        return self._recording(self._state.loader() if isinstance(self._state, _LoaderMethod) else None)
 
     def _recording(self, loader: object) -> Iterator[Any]:
         """The pass's batches; ``loader`` (whose state this record takes) is kept alive while they are read."""
@@ -156,19 +155,17 @@ class PassRecord:
         return digest_of(self._read[batches]) if batches in self._read else ""
 
 
-def _held_weakly(state: Callable[[], dict[str, Any]] | None) -> Callable[[], dict[str, Any]] | None:
-    """``state``, a loader's own method held weakly: the loader holds its record, which holds the pass's iterator,
-    and a cycle through them would leave that iterator to the garbage collector, which closes its queues before
-    it shuts its workers down (torch then waits 5 s for each)."""
-    if not isinstance(state, MethodType):
-        return state
-    method = weakref.WeakMethod(state)
+class _LoaderMethod:
+    """A loader's own method (its state), the loader held weakly: the loader holds its record, which holds the
+    pass's iterator, and a cycle through them would leave that iterator to the garbage collector, which closes its
+    queues before it shuts its workers down (torch then waits 5 s for each)."""
 
-    def call() -> dict[str, Any]:
-        bound = method()
-        if bound is None:
+    def __init__(self, method: MethodType) -> None:
+        self.function, self.loader = method.__func__, weakref.ref(method.__self__)
+
+    def __call__(self) -> dict[str, Any]:
+        loader = self.loader()
+        if loader is None:
             raise ReferenceError("the loader of this pass record is gone")
-        state: dict[str, Any] = bound()
+        state: dict[str, Any] = self.function(loader)
         return state
-
-    return call
