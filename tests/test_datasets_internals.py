@@ -1,18 +1,22 @@
 """The Hugging Face ``datasets`` internals `lightning_resumable.readers.hugging_face` reads, against the installed
-version, and the refusal of a shuffled stream that ``datasets`` cannot resume exactly."""
+version, and a stream shuffled through a buffer, resumed exactly by windows (issue 46)."""
 
 from __future__ import annotations
 
+import pickle
+import random
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
-from lightning_resumable import UnsupportedLoaderError
 from lightning_resumable.readers.build import make_resumable
 from lightning_resumable.readers.hugging_face import shuffle_buffer_size
 
 datasets = pytest.importorskip("datasets")
+from datasets.distributed import split_dataset_by_node  # noqa: E402
 
 
 def stream() -> Any:
@@ -21,6 +25,17 @@ def stream() -> Any:
             yield {"id": row}
 
     return datasets.IterableDataset.from_generator(rows).map(lambda example: example)
+
+
+def sharded(shards: int, first: int = 0) -> Any:
+    """A stream of ``shards`` shards of 4 rows, ids from ``first``."""
+
+    def rows(shards: list[int]) -> Any:
+        for shard in shards:
+            for row in range(4):
+                yield {"id": first + shard * 4 + row}
+
+    return datasets.IterableDataset.from_generator(rows, gen_kwargs={"shards": list(range(shards))})
 
 
 def test_the_shuffle_buffer_is_found_through_maps_and_the_split_by_node() -> None:
@@ -33,10 +48,68 @@ def test_the_shuffle_buffer_is_found_through_maps_and_the_split_by_node() -> Non
     assert shuffle_buffer_size([1, 2]) is None, "not a datasets object"
 
 
-def test_a_shuffled_hugging_face_stream_is_refused_unless_allowed() -> None:
-    loader = DataLoader(stream().shuffle(seed=1, buffer_size=16), batch_size=2)
-    with pytest.raises(UnsupportedLoaderError, match="shuffled with a buffer of 16 samples"):
-        make_resumable(loader, seed=0, num_replicas=1, rank=0)
-    with pytest.warns(RuntimeWarning, match="shuffle buffer"):
-        make_resumable(loader, seed=0, num_replicas=1, rank=0, allow_inexact_streams=True)
-    make_resumable(DataLoader(stream(), batch_size=2), seed=0, num_replicas=1, rank=0)  # unshuffled: exact
+def seeded_loader(dataset: Any, epoch: int, workers: int = 0) -> Any:
+    """The library's stream loader over ``dataset`` (its buffer taken over) in ``epoch``."""
+    loader = DataLoader(dataset, batch_size=3, num_workers=workers, collate_fn=list)
+    return make_resumable(loader, seed=5, num_replicas=1, rank=0, epoch_source=lambda: epoch)
+
+
+def drawing(example: dict[str, Any]) -> dict[str, Any]:
+    """An augmenting map: what it draws from the global generators is part of the sample."""
+    return {"id": example["id"], "x": float(torch.rand(())) + random.random() + float(np.random.rand())}
+
+
+SHUFFLED = {
+    "map-before": lambda: sharded(16).map(drawing).shuffle(seed=1, buffer_size=5),
+    "map-after-split": lambda: split_dataset_by_node(
+        sharded(16).shuffle(seed=1, buffer_size=5), rank=1, world_size=2
+    ).map(drawing),
+    "filter": lambda: sharded(16).filter(lambda e: e["id"] % 3 != 0).shuffle(seed=2, buffer_size=4).map(drawing),
+    "interleaved": lambda: datasets.interleave_datasets(
+        [sharded(8).shuffle(seed=3, buffer_size=4), sharded(8, first=100).shuffle(seed=4, buffer_size=3)],
+        probabilities=[0.3, 0.7],
+        seed=9,
+    ).map(drawing),
+}
+
+
+@pytest.mark.parametrize("name", list(SHUFFLED))
+def test_a_shuffled_stream_resumes_exactly_after_any_batch(name: str) -> None:
+    """Ids and what the maps drew, after a restore at each batch of two epochs; the user's dataset keeps its
+    buffer; the state holds no sample (its size does not grow with the samples)."""
+    dataset = SHUFFLED[name]()
+    for epoch in (0, 1):
+        full = list(seeded_loader(dataset, epoch))
+        assert len({row["id"] for batch in full for row in batch}) == sum(len(batch) for batch in full)
+        for cut in range(1, len(full)):
+            loader = seeded_loader(dataset, epoch)
+            batches = iter(loader)
+            head = [next(batches) for _ in range(cut)]
+            state = loader.record.state_after(cut)
+            del batches
+            resumed = seeded_loader(dataset, epoch)
+            resumed.resume_from(state, cut)
+            assert head + list(resumed) == full, (epoch, cut)
+            assert "'x'" not in repr(state) and len(pickle.dumps(state)) < 4096, len(pickle.dumps(state))
+    assert shuffle_buffer_size(dataset) is not None, "the user's dataset is left as it was"
+
+
+def test_the_order_differs_by_epoch_and_from_the_unshuffled_stream() -> None:
+    dataset = sharded(16).shuffle(seed=1, buffer_size=5)
+    ids = [[row["id"] for batch in seeded_loader(dataset, epoch) for row in batch] for epoch in (0, 1)]
+    assert ids[0] != ids[1] and sorted(ids[0]) == sorted(ids[1]) == list(range(64))
+    assert ids[0] != sorted(ids[0])
+
+
+def test_two_workers_resume_exactly() -> None:
+    dataset = split_dataset_by_node(sharded(16).shuffle(seed=1, buffer_size=5), rank=0, world_size=2).map(drawing)
+    full = list(seeded_loader(dataset, 1, workers=2))
+    for cut in (1, 4, len(full) - 1):
+        loader = seeded_loader(dataset, 1, workers=2)
+        batches = iter(loader)
+        head = [next(batches) for _ in range(cut)]
+        state = loader.record.state_after(cut)
+        del batches
+        resumed = seeded_loader(dataset, 1, workers=2)
+        resumed.resume_from(state, cut)
+        assert head + list(resumed) == full, cut

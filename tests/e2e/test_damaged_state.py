@@ -4,7 +4,6 @@ before any step trains, never resumed into a wrong stream."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,21 +42,6 @@ def test_an_emptied_data_state_is_refused_on_every_rank(runner: Runner, tmp_path
         assert (
             f"[rank{rank}]: lightning_resumable.errors.MissingStateError: the checkpoint's data state is empty" in log
         )
-
-
-def test_a_shuffled_hugging_face_stream_is_refused_on_every_rank_unless_allowed(tmp_path: Path) -> None:
-    """datasets does not save its shuffle buffer: a resume lost 13 samples of the epoch on rank 0 and read 5
-    that were not in it (buffer_size=16), and nothing warned."""
-    shuffled = Scenario(world_size=2, num_workers=2, data="hf", hf_shuffle_buffer=16)
-    trained = run_phase(shuffled, "full", tmp_path / "refused", tmp_path / "x.ckpt", expect_failure=True)
-    assert not any(trained.values()), "a step trained"
-    log = (tmp_path / "refused" / "full.log").read_text()
-    for rank in range(2):
-        assert f"[rank{rank}]: lightning_resumable.errors.UnsupportedLoaderError: the train stream is a Hugging" in log
-    allowed = replace(shuffled, callback_options=(("allow_inexact_streams", True),))
-    trained = run_phase(allowed, "full", tmp_path / "allowed", tmp_path / "x.ckpt")
-    assert all(len(steps) == allowed.batches_per_epoch * allowed.epochs for steps in trained.values())
-    assert "shuffle buffer (16 samples) is not saved" in (tmp_path / "allowed" / "full.log").read_text()
 
 
 STREAM = Scenario(world_size=2, num_workers=2, loader="StatefulDataLoader", data="stream", stop_kind="batch_end")

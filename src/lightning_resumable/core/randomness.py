@@ -148,6 +148,20 @@ def begin_sample(seed: int, seed_globals: bool) -> None:
         seed_global_generators(seed)
 
 
+@contextlib.contextmanager
+def inner_samples() -> Iterator[None]:
+    """Samples read while another is fetched (a shuffle's window filled as one sample is asked for): each
+    may `begin_sample` its own seed; afterwards the outer sample's seed and the global generators are as
+    they were, so what follows in the outer fetch draws what it would have drawn without them."""
+    global _current
+    outer, kept = _current, GlobalGeneratorState()
+    try:
+        yield
+    finally:
+        kept.restore()
+        _current = outer
+
+
 def end_sample() -> None:
     """The sample's fetch has ended: `sample_rng` refuses until the next one begins."""
     global _current

@@ -43,6 +43,7 @@ class Domain(IntEnum):
     HELD = 0x48454C44  # "HELD": a generator a dataset holds, from (sample seed, its path)
     MIXTURE = 0x4D4958  # "MIX": a mixture source's pass order, from (seed, the source's name, pass)
     CHUNKS = 0x4348554E4B  # "CHUNK": a chunked source's pass order, from (seed, the source's name, pass, level)
+    WINDOW = 0x57494E444F57  # "WINDOW": a shuffled stream's window order and reads, from (its key, window, place)
 
 
 def check_version(version: object) -> int:

@@ -6,7 +6,10 @@ if they move. ``datasets`` is never imported here: a dataset of another library 
 
 from __future__ import annotations
 
-__all__ = ["shuffle_buffer_size"]
+import copy
+from typing import Any
+
+__all__ = ["shuffle_buffer_size", "take_over_buffers"]
 
 
 def shuffle_buffer_size(dataset: object) -> int | None:
@@ -25,3 +28,16 @@ def shuffle_buffer_size(dataset: object) -> int | None:
         pending.append(getattr(node, "ex_iterable", None))
         pending.extend(getattr(node, "ex_iterables", None) or [])
     return None
+
+
+def take_over_buffers(dataset: object, seed: int, rank: int, seed_reads: bool) -> Any:
+    """A copy of ``dataset`` (a ``datasets.IterableDataset``) whose shuffle buffers are replaced by windows
+    that resume exactly (`lightning_resumable.readers.hf_windows`), or ``None`` if it has no buffer."""
+    if shuffle_buffer_size(dataset) is None:
+        return None
+    from lightning_resumable.readers.hf_windows import replace_buffers  # imports datasets, installed here
+
+    taken = copy.copy(dataset)
+    taken.__dict__ = dict(dataset.__dict__)  # datasets' __getstate__ hands out its own __dict__: a copy shares it
+    taken._ex_iterable = replace_buffers(dataset._ex_iterable, seed, rank, seed_reads)  # type: ignore[attr-defined]
+    return taken

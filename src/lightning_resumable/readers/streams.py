@@ -24,7 +24,6 @@ consumed by all ranks), in which case every rank restores rank 0's state on a ne
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -48,7 +47,7 @@ from lightning_resumable.internals._torchdata import (
     torchdata_version,
 )
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
-from lightning_resumable.readers.hugging_face import shuffle_buffer_size
+from lightning_resumable.readers.hugging_face import take_over_buffers
 from lightning_resumable.readers.recording import PassRecord
 from lightning_resumable.readers.settings import TORCH_SETTINGS, forwarded_settings, refuse_persistent_workers
 from lightning_resumable.readers.workers import (
@@ -293,27 +292,12 @@ def make_stream_resumable(
     Raises:
         UnsupportedLoaderError: the stream has no state, or the loader has persistent workers (they
             keep the first epoch's copy of the stream) or ``in_order=False`` (its order is not
-            reproducible), or the stream is known not to resume exactly (a Hugging Face stream with
-            a shuffle buffer) and ``allow_inexact`` is not set.
+            reproducible).
     """
     dataset = loader.dataset
-    buffer = shuffle_buffer_size(dataset)
-    if buffer is not None and not allow_inexact:
-        raise UnsupportedLoaderError(
-            f"the train stream is a Hugging Face datasets.IterableDataset shuffled with a buffer of {buffer}"
-            " samples; datasets does not save that buffer, so a resume loses the buffered samples and reads"
-            " others (measured with buffer_size=16 on 2 ranks: 13 samples of the epoch lost, 5 read twice)."
-            " Shuffle exactly instead: a map-style datasets.Dataset with DataLoader(shuffle=True), which"
-            " this library resumes exactly; or keep the stream unshuffled. To train on it anyway, knowing"
-            " resumes are not exact: ResumableDataCallback(allow_inexact_streams=True)"
-        )
-    if buffer is not None:
-        warnings.warn(
-            f"lightning_resumable: the train stream's shuffle buffer ({buffer} samples) is not saved: resuming"
-            " it is not exact (allow_inexact_streams=True)",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    taken = take_over_buffers(dataset, seed, rank, seed_samples)  # a Hugging Face shuffle buffer: windows
+    if taken is not None:
+        dataset = taken
     if not (callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))):
         raise UnsupportedLoaderError(
             f"the train loader reads an IterableDataset ({type(dataset).__name__}) without state_dict/load_state_dict:"
@@ -344,5 +328,4 @@ def make_stream_resumable(
         epoch_source=epoch_source,
         **forwarded_settings(loader, _STREAM_SETTINGS),
     )
-    made.inexact = buffer is not None  # its resumes are not exact: not verified either
     return made

@@ -1,0 +1,130 @@
+"""A stream's shuffle that resumes from a few integers: shards read side by side, windows permuted.
+
+Promise: the order a worker yields its stream in is a pure function of (key, the samples its shards
+hold): ``k`` sequential sources (groups of shards) are read round-robin, the interleaved stream is cut
+into windows of ``size`` samples, and each window is yielded in a keyed permutation. The place in a
+pass (`WindowPlace`) is the window's number, the samples of it yielded, the round-robin cursor and each
+source's position at the window's start: a restore re-reads at most one window (``size`` samples),
+never more, and holds no sample.
+
+This replaces a shuffle buffer (Hugging Face's ``.shuffle(seed, buffer_size)``, WebDataset's
+``.shuffle(n)``), whose contents a resume would need: with ``k >= 2`` the order mixes at least as
+well as the buffer of the same size (benchmarks/stream_shuffle.py; docs/performance.md): a sample
+moves across shards, not ``size`` places, and neighbours come from one shard about ``1/k`` of the time.
+Samples read into a window are seeded by their place in it (``seed_reads``), so what a ``map`` draws
+before the shuffle is the same when a restore reads the window again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from lightning_resumable.core import randomness
+from lightning_resumable.core.order import EpochOrder
+from lightning_resumable.errors import IncompatibleStateError
+from lightning_resumable.format._keys import Domain, domain_key
+
+__all__ = ["INTERLEAVED_SOURCES", "SequentialSource", "fresh_place", "read_shuffled", "window_order"]
+
+INTERLEAVED_SOURCES = 4
+"""Groups of shards a worker reads side by side: neighbours share a shard about 1/4 of the time."""
+
+
+class SequentialSource(Protocol):
+    """A group of shards read in order, whose position can be taken between samples and opened again."""
+
+    def open(self, position: Any) -> Iterator[Any]:
+        """Its samples from ``position`` (``None``: from its start)."""
+        ...
+
+    def position(self) -> Any:
+        """Where it stands after the samples its open iterator yielded (a small picklable value)."""
+        ...
+
+
+def fresh_place(sources: int) -> dict[str, Any]:
+    """The place at a pass's start, over ``sources`` sources: the first window, nothing yielded.
+
+    The per-source values are tuples, replaced whole by a load (``datasets`` merges lists item by item
+    into the fresh state, which fails on another count of sources before the worker's own is known)."""
+    return {"window": 0, "yielded": 0, "cursor": 0, "sources": (None,) * sources, "ended": (False,) * sources}
+
+
+def window_order(key: int, window: int, size: int) -> list[int]:
+    """The order window ``window`` of ``size`` samples is yielded in (a keyed bijection of ``range(size)``)."""
+    if size <= 1:
+        return list(range(size))
+    seed = domain_key(key, Domain.WINDOW, window) >> 1
+    order: list[int] = EpochOrder(size, seed, 0)(torch.arange(size)).tolist()
+    return order
+
+
+def read_seed(key: int, window: int, place: int) -> int:
+    """The seed the ``place``-th sample read into window ``window`` is read under (below 2**63)."""
+    return domain_key(key, Domain.WINDOW, window, place + 1) >> 1
+
+
+def read_shuffled(
+    sources: Sequence[SequentialSource],
+    size: int,
+    key: int,
+    place: MutableMapping[str, Any],
+    seed_reads: bool = True,
+) -> Iterator[Any]:
+    """The samples of ``sources`` in windows of ``size``, each permuted, from ``place`` on (updated in
+    place before each sample is yielded, so it is always the place after the samples yielded).
+
+    Raises:
+        IncompatibleStateError: ``place`` was taken over another number of sources.
+    """
+    if len(place["sources"]) != len(sources):
+        raise IncompatibleStateError(
+            f"the shuffle's saved place reads {len(place['sources'])} groups of shards side by side, this stream"
+            f" {len(sources)}: its shards or workers differ from the saved run's. Resume with the saved setup"
+        )
+    window, cursor = int(place["window"]), int(place["cursor"])
+    skip = int(place["yielded"])
+    ended = list(place["ended"])
+    readers: list[Iterator[Any] | None] = [
+        None if done else source.open(position)
+        for source, position, done in zip(sources, place["sources"], ended, strict=True)
+    ]
+    while not all(ended):
+        live = [number for number in range(len(sources)) if not ended[number]]
+        cursor %= len(live)
+        samples: list[Any] = []
+        with randomness.inner_samples():
+            while len(samples) < size and live:
+                number = live[cursor]
+                reader = readers[number]
+                assert reader is not None
+                if seed_reads:
+                    randomness.begin_sample(read_seed(key, window, len(samples)), True)
+                try:
+                    samples.append(next(reader))
+                except StopIteration:
+                    ended[number], readers[number] = True, None
+                    live.remove(number)
+                    cursor = cursor % len(live) if live else 0
+                    continue
+                finally:
+                    randomness.end_sample()
+                cursor = (cursor + 1) % len(live)
+        after = {
+            "window": window + 1,
+            "yielded": 0,
+            "cursor": cursor,
+            "sources": tuple(None if ended[n] else source.position() for n, source in enumerate(sources)),
+            "ended": tuple(ended),
+        }
+        order = window_order(key, window, len(samples))
+        for number in range(skip, len(samples)):
+            if number + 1 == len(samples):
+                place.update(after)  # at a window's end: a restore reads nothing again
+            else:
+                place["yielded"] = number + 1
+            yield samples[order[number]]
+        skip, window = 0, window + 1
