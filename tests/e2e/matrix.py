@@ -24,6 +24,9 @@ from .harness import (
 )
 from .preemption import PREEMPTION_WHENS, Preemption
 
+STREAMS = ("stream", "hf")
+"""The streams `draw_case` draws: a user's stateful stream, a Hugging Face stream shuffled through a buffer."""
+
 _SAMPLERS = ("shuffle", "shuffle", "weighted", "replacement", "num_samples", "subset", "bucketing")
 
 
@@ -119,6 +122,11 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
         both = {"online_mixing": online.choice((2, 3)), "online_in_validation": online.random() < 0.5}
         scenario = replace(scenario, resume_mixture_weights=None, resume_num_workers=None, **both)  # type: ignore[arg-type]
         reference = replace(scenario, resume_mixture_sources=None)
+    # Issue 46: a stream shuffled through a buffer (a Hugging Face stream's), drawn apart (salted) for the same reason.
+    buffered = random.Random(seed * 7561 + 46)
+    if data == "stream" and buffered.random() < 0.5:
+        shuffled = {"data": "hf", "hf_shuffle_buffer": buffered.choice((3, 5, 8, 16))}
+        scenario, reference = replace(scenario, **shuffled), replace(reference, **shuffled)  # type: ignore[arg-type]
     return scenario, reference
 
 
@@ -135,7 +143,7 @@ def draw_chain(seed: int) -> tuple[Scenario, list[Leg]]:
     scenario = _as_one_run(base, epochs=draw.choice((2, 3)), extra_saves_every=draw.choice((0, 2, 3)))
     per_epoch = scenario.batches_per_epoch if scenario.sampler != "bucketing" else 4  # its shortest epoch has more
     kinds = ["batch_end", "last_batch", "in_step", "validation", "sigterm", "interrupt", "extend"]
-    if scenario.data == "stream":
+    if scenario.data in STREAMS:
         kinds.remove("in_step")
         kinds.remove("extend")  # OPEN (soak of issue 35): a stream's finished fit extended after a resume
         if scenario.world_size > 1:
@@ -162,11 +170,11 @@ def draw_chain(seed: int) -> tuple[Scenario, list[Leg]]:
             continue
         index = draw.choice(places[:8])
         epoch, batch = steps[index]
-        keep_workers = scenario.data == "stream" or scenario.online_mixing  # the read-ahead sets a change's step
+        keep_workers = scenario.data in STREAMS or scenario.online_mixing  # the read-ahead sets a change's step
         workers = scenario.num_workers if keep_workers else draw.choice((0, 1, 2, 3))
         legs.append(Leg(kind, epoch, batch if kind != "extend" else -1, workers))
         cursor = (epoch + 1) * per_epoch if kind in ("extend", "last_batch") else index + 1
-    keep_workers = scenario.data == "stream" or scenario.online_mixing
+    keep_workers = scenario.data in STREAMS or scenario.online_mixing
     legs.append(Leg("end", num_workers=scenario.num_workers if keep_workers else draw.choice((0, 1, 2))))
     return scenario, legs
 

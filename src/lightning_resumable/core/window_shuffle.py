@@ -53,6 +53,12 @@ def fresh_place(sources: int) -> dict[str, Any]:
     return {"window": 0, "yielded": 0, "cursor": 0, "sources": (None,) * sources, "ended": (False,) * sources}
 
 
+def is_fresh(place: MutableMapping[str, Any]) -> bool:
+    """Whether ``place`` is a pass's start (nothing read yet)."""
+    untouched = all(position is None for position in place["sources"]) and not any(place["ended"])
+    return untouched and place["window"] == 0 and place["yielded"] == 0
+
+
 def window_order(key: int, window: int, size: int) -> list[int]:
     """The order window ``window`` of ``size`` samples is yielded in (a keyed bijection of ``range(size)``)."""
     if size <= 1:
@@ -80,6 +86,8 @@ def read_shuffled(
     Raises:
         IncompatibleStateError: ``place`` was taken over another number of sources.
     """
+    if is_fresh(place):  # a pass's start, whatever the count it was taken over (a worker yet to read)
+        place.update(fresh_place(len(sources)))
     if len(place["sources"]) != len(sources):
         raise IncompatibleStateError(
             f"the shuffle's saved place reads {len(place['sources'])} groups of shards side by side, this stream"
