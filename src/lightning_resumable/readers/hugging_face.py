@@ -40,5 +40,5 @@ def take_over_buffers(dataset: object, seed: int, rank: int, seed_reads: bool) -
     taken = copy.copy(dataset)
     taken.__dict__ = dict(dataset.__dict__)  # datasets' __getstate__ hands out its own __dict__: a copy shares it
     taken._ex_iterable = replace_buffers(dataset._ex_iterable, seed, rank, seed_reads)  # type: ignore[attr-defined]
-    taken._prepare_ex_iterable_for_iteration()  # its state before a pass, as datasets' constructor sets it
+    taken._prepare_ex_iterable_for_iteration()  # type: ignore[attr-defined]  # its state before a pass, as datasets' constructor sets it
     return taken
