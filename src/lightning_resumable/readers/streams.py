@@ -98,6 +98,7 @@ class SeededStream(IterableDataset[Any]):
         self.epoch = 0
         self._yielded = 0
         self._restored_yielded: int | None = None
+        self._restored: dict[str, Any] | None = None
 
     def __getattr__(self, name: str) -> Any:
         if name == "dataset":  # not set yet (unpickling): don't recurse
@@ -127,6 +128,7 @@ class SeededStream(IterableDataset[Any]):
             try:
                 randomness.begin_sample(seed, self.seed_globals)
                 sample = next(source)
+                self._restored = None  # the stream applied it: its own state is current
             except StopIteration:
                 return
             finally:
@@ -137,11 +139,14 @@ class SeededStream(IterableDataset[Any]):
             yield sample
 
     def state_dict(self) -> dict[str, Any]:
+        if self._restored is not None:  # restored, not read from yet: a Hugging Face stream would report the
+            return copy.deepcopy(self._restored)  # state it had before the load (it applies one as it reads)
         return {"stream": self.dataset.state_dict(), "yielded": self._yielded}  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.dataset.load_state_dict(state["stream"])  # type: ignore[attr-defined]
         self._yielded = self._restored_yielded = int(state["yielded"])  # the state until the next sample
+        self._restored = copy.deepcopy(dict(state))
 
 
 class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # torchdata is untyped
