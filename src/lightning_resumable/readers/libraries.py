@@ -59,6 +59,14 @@ LIBRARIES = {
             " StreamingDataset itself, which this library resumes exactly",
             adapter="lightning_resumable.readers.mosaic",
         ),
+        Library(
+            "WebDataset",
+            "webdataset",
+            frozenset(),
+            "WebDataset keeps no state; this library takes over a wds.WebDataset or wds.DataPipeline of tar shards"
+            " returned in a torch DataLoader, a StatefulDataLoader or a WebLoader without stages of its own",
+            adapter="lightning_resumable.readers.web_dataset",
+        ),
     )
 }
 """The data libraries, by the package their classes come from: what is known of each before it is

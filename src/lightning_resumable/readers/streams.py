@@ -272,7 +272,6 @@ def build(loader: DataLoader[Any], options: BuildOptions, subclass: bool) -> Bui
         seed_samples=options.seed_samples,
         restore_globals=options.restore_globals,
         epoch_source=options.epoch_source,
-        allow_inexact=options.allow_inexact_streams,
     )
     return Built(made, made)
 
@@ -289,7 +288,7 @@ def make_stream_resumable(
     seed_samples: bool,
     restore_globals: bool,
     epoch_source: Callable[[], int],
-    allow_inexact: bool = False,
+    dataset: Any = None,
 ) -> StreamLoader:
     """``loader`` (a ``DataLoader`` or ``StatefulDataLoader`` over a stateful ``IterableDataset``) as a
     `StreamLoader` over a `SeededStream`, every other setting kept.
@@ -299,7 +298,7 @@ def make_stream_resumable(
             keep the first epoch's copy of the stream) or ``in_order=False`` (its order is not
             reproducible).
     """
-    dataset = loader.dataset
+    dataset = loader.dataset if dataset is None else dataset  # (a data library's stream, taken over)
     taken = take_over_buffers(dataset, seed, rank, seed_samples)  # a Hugging Face shuffle buffer: windows
     if taken is not None:
         dataset = taken
@@ -321,7 +320,7 @@ def make_stream_resumable(
             "a stream loader with in_order=False has no reproducible order; pass in_order=True"
         )
     stream = SeededStream(
-        dataset,  # type: ignore[arg-type]
+        dataset,
         seed=seed,
         rank=rank,
         seed_globals=seed_samples,

@@ -1,0 +1,334 @@
+"""WebDataset pipelines, taken over: tar shards split, shuffled and read side by side, samples in windows.
+
+Promise: a ``wds.WebDataset(urls, shardshuffle=..., nodesplitter=...)`` (or a ``wds.DataPipeline`` of
+``SimpleShardList``, ``split_by_node``, ``split_by_worker``, ``shuffle``, ``tarfile_to_samples``)
+with a ``.shuffle(n)`` and any stages before or after it (``.decode``, ``.to_tuple``, ``.map``,
+``.batched``), returned in a torch ``DataLoader``, a ``StatefulDataLoader`` or a ``WebLoader``,
+resumes exactly. WebDataset keeps no state, so the library reads the shards itself
+(`WebShards`): each epoch's shard order is a keyed permutation of the URLs (when the pipeline shuffles
+shards), split by rank and by worker as WebDataset's splitters split them; each worker reads its shards
+in up to `lightning_resumable.core.window_shuffle.INTERLEAVED_SOURCES` groups side by side and yields
+windows of ``n`` samples in a keyed permutation. Its state is the epoch and the place in the pass: per
+group of shards the shard, the samples read of it and the byte offset of the next one (a local,
+uncompressed tar is opened there; another is read from its start to it). The samples are WebDataset's
+own (``__key__``, ``__url__`` and one entry per file suffix); the order is the library's, not the one
+WebDataset's buffer would draw.
+
+Refused, naming the stage: a pipeline stage this module does not know before the sample shuffle's
+place (a cache, resampled shards, ``with_epoch``/``repeat``), or more than one sample shuffle.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import tarfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+import webdataset as wds
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torchdata.stateful_dataloader import StatefulDataLoader
+from webdataset import cache, compat, filters, shardlists, tariterators
+from webdataset.gopen import gopen
+
+from lightning_resumable.core.order import EpochOrder
+from lightning_resumable.core.window_shuffle import INTERLEAVED_SOURCES, fresh_place, read_shuffled
+from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.format._keys import Domain, domain_key, stream_key
+from lightning_resumable.readers.base import BuildOptions, Built
+
+__all__ = ["WebPlan", "WebShards", "build", "mixture_source", "plan_of", "recognises"]
+
+
+@dataclass(frozen=True)
+class WebPlan:
+    """What a WebDataset pipeline reads and does: its URLs, whether it splits them by node and by worker
+    and shuffles them, the sample shuffle's size (1: none), and its sample stages before and after it."""
+
+    urls: tuple[str, ...]
+    split_by_node: bool
+    split_by_worker: bool
+    shuffle_shards: bool
+    buffer: int
+    before: tuple[Any, ...]
+    after: tuple[Any, ...]
+    local_paths: bool = False
+    """Samples of local files carry ``__local_path__`` (WebDataset's opener adds it; ``tarfile_to_samples`` not)."""
+
+
+def _stage_name(stage: Any) -> str:
+    function = getattr(stage, "f", stage)
+    return getattr(function, "__qualname__", type(stage).__qualname__)
+
+
+def _is(stage: Any, function: Any) -> bool:
+    return stage is function or getattr(stage, "f", None) is function
+
+
+def plan_of(dataset: object) -> WebPlan:
+    """The plan of a WebDataset pipeline.
+
+    Raises:
+        UnsupportedLoaderError: a stage this module cannot take over, named.
+    """
+    if not isinstance(dataset, wds.DataPipeline):
+        raise UnsupportedLoaderError(f"{type(dataset).__name__} is not a WebDataset pipeline")
+    if dataset.repetitions != 1 or dataset.nsamples > 0:
+        raise UnsupportedLoaderError(
+            "the WebDataset pipeline repeats or cuts its epoch (.repeat() or .with_epoch()): the library's epoch is"
+            " one pass over the shards; remove it and set the epoch's length with Lightning's limit_train_batches"
+        )
+    stages = list(dataset.pipeline)
+    source = stages.pop(0) if stages else None
+    if not isinstance(source, shardlists.SimpleShardList):
+        raise UnsupportedLoaderError(
+            f"the WebDataset pipeline starts with {_stage_name(source)}; the library takes over a list of shards"
+            " (wds.WebDataset(urls) or wds.SimpleShardList(urls)); resampled shards have no pass to resume"
+        )
+    node = worker = shuffle_shards = False
+    while stages and not _reads_tars(stages[0]):
+        stage = stages.pop(0)
+        if _is(stage, shardlists.split_by_node):
+            node = True
+        elif _is(stage, shardlists.split_by_worker):
+            worker = True
+        elif _is(stage, shardlists.single_node_only):
+            continue  # WebDataset refuses several nodes then: so does the library (WebShards)
+        elif _is(stage, filters._shuffle) or isinstance(stage, filters.detshuffle):
+            shuffle_shards = _buffer_of(stage) > 1  # (shardshuffle=False appends a shuffle of 0: none)
+        else:
+            raise UnsupportedLoaderError(
+                f"the WebDataset pipeline's stage {_stage_name(stage)} comes before its shards are read; the library"
+                " takes over split_by_node, split_by_worker and a shard shuffle there (a cache_dir is not taken over)"
+            )
+    local_paths = False
+    while stages and _reads_tars(stages[0]):
+        stage = stages.pop(0)
+        local_paths = local_paths or isinstance(stage, cache.StreamingOpen)
+        if getattr(stage, "kw", {}).get("select_files") or getattr(stage, "kw", {}).get("rename_files"):
+            raise UnsupportedLoaderError("WebDataset's select_files and rename_files are not taken over")
+    shuffles = [index for index, stage in enumerate(stages) if _is(stage, filters._shuffle)]
+    if len(shuffles) > 1:
+        raise UnsupportedLoaderError("the WebDataset pipeline shuffles its samples twice; keep one .shuffle(n)")
+    buffer, place = 1, 0
+    if shuffles:
+        place = shuffles[0]
+        buffer = _buffer_of(stages.pop(place))
+    return WebPlan(
+        urls=tuple(source.urls),
+        split_by_node=node,
+        split_by_worker=worker,
+        shuffle_shards=shuffle_shards,
+        buffer=max(buffer, 1),
+        before=tuple(stages[:place]),
+        after=tuple(stages[place:]),
+        local_paths=local_paths,
+    )
+
+
+def _buffer_of(stage: Any) -> int:
+    """A shuffle stage's buffer (``filters.shuffle(bufsize)`` or ``detshuffle``)."""
+    if isinstance(stage, filters.detshuffle):
+        return int(stage.bufsize)
+    return int(stage.args[0] if stage.args else stage.kw.get("bufsize", 1000))
+
+
+def _reads_tars(stage: Any) -> bool:
+    """A stage of WebDataset's own reading of tar files: opening URLs, expanding tars, grouping files."""
+    readers = (tariterators.tarfile_samples, tariterators.tar_file_expander, tariterators.group_by_keys)
+    return (
+        isinstance(stage, (cache.StreamingOpen, cache.FileCache))
+        or _is(stage, tariterators.url_opener)
+        or _is(stage, compat.check_empty)
+        or any(_is(stage, reader) for reader in readers)
+    )
+
+
+def _apply(stages: tuple[Any, ...], samples: Iterator[Any]) -> Iterator[Any]:
+    for stage in stages:
+        samples = stage.run(samples) if isinstance(stage, wds.PipelineStage) else stage(samples)
+    return samples
+
+
+_META = re.compile(r"__[^/]*__($|/)")
+
+
+class TarShards:
+    """A group of shards read one after the other, a `lightning_resumable.core.window_shuffle.SequentialSource`:
+    its position is (shard, samples read of it, byte offset of the next sample)."""
+
+    def __init__(self, urls: list[str], plan: WebPlan) -> None:
+        self.urls, self.before, self.local_paths = urls, plan.before, plan.local_paths
+        self.shard, self.read = 0, 0
+        self.offset: int | None = 0
+
+    def position(self) -> Any:
+        return (self.shard, self.read, self.offset)
+
+    def open(self, position: Any) -> Iterator[Any]:
+        self.shard, self.read, self.offset = (0, 0, 0) if position is None else position
+        return _apply(self.before, self._samples())
+
+    def _samples(self) -> Iterator[dict[str, Any]]:
+        while self.shard < len(self.urls):
+            shard = self.shard
+            yield from self._shard_samples(self.urls[shard])
+            if self.shard == shard:  # its last sample was read before (or it has none)
+                self.shard, self.read, self.offset = shard + 1, 0, 0
+
+    def _shard_samples(self, url: str) -> Iterator[dict[str, Any]]:
+        """``url``'s samples from ``self.read`` on: a local, uncompressed tar opened at the next sample's byte
+        offset, another read from its start with the samples before skipped."""
+        path = _local_path(url)
+        offset = self.offset if path is not None and not _compressed(url) else None
+        with open(path, "rb") if path is not None else gopen(url, "rb") as stream:
+            base, skip = 0, self.read
+            if offset is not None:
+                stream.seek(offset)
+                base, skip = offset, 0
+            with tarfile.open(fileobj=stream, mode="r|*") as tar:
+                sample: dict[str, Any] = {}
+                for info in tar:
+                    name = info.name
+                    meta = "/" not in name and name.startswith("__") and name.endswith("__")
+                    prefix, suffix = tariterators.base_plus_ext(name)
+                    if not info.isreg() or meta or _META.match(name) or prefix is None:
+                        continue
+                    if prefix != sample.get("__key__"):
+                        if tariterators.valid_sample(sample) and skip:
+                            skip -= 1
+                        elif tariterators.valid_sample(sample):
+                            self.read, self.offset = self.read + 1, base + info.offset
+                            yield sample
+                        sample = {"__key__": prefix, "__url__": url}
+                        if self.local_paths and path is not None:
+                            sample["__local_path__"] = path
+                    extracted = tar.extractfile(info)
+                    assert extracted is not None
+                    sample[suffix.lower()] = extracted.read()
+                    tar.members = []  # type: ignore[attr-defined]  # a stream's members, kept by tarfile otherwise
+                if tariterators.valid_sample(sample) and not skip:
+                    self.shard, self.read, self.offset = self.shard + 1, 0, 0  # the shard's last: the next one's start
+                    yield sample
+
+
+def _local_path(url: str) -> str | None:
+    parsed = urlparse(url)
+    if parsed.scheme in ("", "file") and os.path.isfile(parsed.path or url):
+        return parsed.path or url
+    return None
+
+
+def _compressed(url: str) -> bool:
+    return url.endswith((".gz", ".tgz", ".bz2", ".xz", ".zst"))
+
+
+class WebShards(IterableDataset[Any]):
+    """A WebDataset pipeline's samples in the library's order, with a state (see the module).
+
+    Args:
+        plan: the pipeline's `WebPlan`.
+        seed: the run's seed; ``rank`` and ``world_size``: this process's place (derived, never saved).
+        seed_reads: seed each sample read into a window by its place (stages before the shuffle draw alike).
+    """
+
+    def __init__(self, plan: WebPlan, seed: int, rank: int, world_size: int, seed_reads: bool) -> None:
+        if world_size > 1 and not plan.split_by_node:
+            raise UnsupportedLoaderError(
+                "the WebDataset pipeline has no node splitter, so every process would read every shard: pass"
+                " nodesplitter=wds.split_by_node (or add wds.split_by_node to the pipeline)"
+            )
+        self.plan, self.seed, self.rank, self.world_size, self.seed_reads = plan, seed, rank, world_size, seed_reads
+        self.epoch = 0
+        self._place: dict[str, Any] = fresh_place(1)
+        self._restored: dict[str, Any] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def shards(self, worker: int, workers: int) -> list[str]:
+        """The URLs ``worker`` of ``workers`` reads in this epoch, in order."""
+        urls = list(self.plan.urls)
+        if self.plan.shuffle_shards and len(urls) > 1:
+            seed = domain_key(self.seed, Domain.WINDOW, len(urls)) >> 1
+            urls = [urls[index] for index in EpochOrder(len(urls), seed, self.epoch)(torch.arange(len(urls))).tolist()]
+        if self.plan.split_by_node:
+            urls = urls[self.rank :: self.world_size]
+        if self.plan.split_by_worker:
+            urls = urls[worker::workers]
+        return urls
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        urls = self.shards(worker, workers)
+        shuffled = self.plan.buffer > 1 or self.plan.shuffle_shards  # else its order is kept: one shard at a time
+        groups = max(1, min(len(urls), INTERLEAVED_SOURCES if shuffled else 1))
+        bounds = [len(urls) * number // groups for number in range(groups + 1)]
+        sources = [TarShards(urls[bounds[n] : bounds[n + 1]], self.plan) for n in range(groups)]
+        key = domain_key(stream_key(self.seed, self.epoch, self.rank, worker), Domain.WINDOW)
+        self._place, self._restored = self._restored or fresh_place(len(sources)), None
+        samples = read_shuffled(sources, self.plan.buffer, key, self._place, self.seed_reads)
+        return _apply(self.plan.after, samples)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "place": copy.deepcopy(self._place)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if int(state["epoch"]) == self.epoch:  # (another epoch's place: the pass starts afresh)
+            self._place = self._restored = copy.deepcopy(dict(state["place"]))
+
+
+def recognises(loader: object) -> bool:
+    """A ``WebLoader``, or a torch ``DataLoader`` or ``StatefulDataLoader`` over a WebDataset pipeline."""
+    if isinstance(loader, wds.WebLoader):
+        return True
+    return type(loader) in (DataLoader, StatefulDataLoader) and isinstance(
+        getattr(loader, "dataset", None), wds.DataPipeline
+    )
+
+
+def build(loader: Any, options: BuildOptions) -> Built:
+    """``loader`` reading `WebShards` of its pipeline, as a `lightning_resumable.readers.streams.StreamLoader`.
+
+    Raises:
+        UnsupportedLoaderError: a ``WebLoader`` with stages of its own, or a pipeline stage not taken over.
+    """
+    from lightning_resumable.readers.streams import make_stream_resumable
+
+    if isinstance(loader, wds.WebLoader):
+        if len(loader.pipeline) != 1:
+            names = ", ".join(_stage_name(stage) for stage in loader.pipeline[1:])
+            raise UnsupportedLoaderError(
+                f"the WebLoader has stages of its own ({names}): they mix what the workers read in the main"
+                " process, an order no state records. Put the shuffle and batching in the dataset's pipeline"
+            )
+        loader = loader.pipeline[0]
+    plan = plan_of(loader.dataset)
+    dataset = WebShards(plan, options.seed, options.rank, options.num_replicas, options.seed_samples)
+    made = make_stream_resumable(
+        loader,
+        dataset=dataset,
+        seed=options.seed,
+        rank=options.rank,
+        seed_samples=options.seed_samples,
+        restore_globals=options.restore_globals,
+        epoch_source=options.epoch_source,
+    )
+    return Built(made, made)
+
+
+def mixture_source(dataset: Any, window: int) -> object:
+    """A WebDataset pipeline is a stream, not a source a `lightning_resumable.Mixture` reads by index.
+
+    Raises:
+        UnsupportedLoaderError: always.
+    """
+    raise UnsupportedLoaderError(
+        "a WebDataset pipeline is read as a stream; a Mixture reads its sources by index (a map-style dataset)"
+    )

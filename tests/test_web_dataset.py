@@ -1,0 +1,131 @@
+"""WebDataset pipelines taken over (`lightning_resumable.readers.web_dataset`): the samples are WebDataset's,
+every shard's sample once per epoch, a restore after any batch continues exactly (0, 2 and 3 workers,
+a restore of a restore), other epochs read other orders, and what cannot be taken over is refused."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_resumable import UnsupportedLoaderError
+from lightning_resumable.readers.build import make_resumable
+
+wds = pytest.importorskip("webdataset")
+
+SHARDS, PER_SHARD = 8, 6
+
+
+@pytest.fixture(scope="module")
+def urls(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """8 tar shards of 6 samples (an id and a payload), written with WebDataset's ShardWriter."""
+    directory = tmp_path_factory.mktemp("shards")
+    with wds.ShardWriter(str(directory / "shard-%02d.tar"), maxcount=PER_SHARD, verbose=0) as sink:
+        for sample_id in range(SHARDS * PER_SHARD):
+            sink.write({"__key__": f"sample{sample_id:04d}", "txt": str(sample_id), "bin": bytes([sample_id]) * 300})
+    return sorted(str(path) for path in directory.glob("shard-*.tar"))
+
+
+def augmented(sample: dict[str, Any]) -> tuple[int, float]:
+    return int(sample["txt"]), float(torch.rand(())) + random.random() + float(np.random.rand())
+
+
+PIPELINES = {
+    "fluid": lambda urls, buffer: (
+        wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, seed=3)
+        .shuffle(buffer)
+        .decode()
+        .map(augmented)
+    ),
+    "pipeline": lambda urls, buffer: wds.DataPipeline(
+        wds.SimpleShardList(urls),
+        wds.split_by_node,
+        wds.split_by_worker,
+        wds.tarfile_to_samples(),
+        wds.decode(),
+        wds.map(augmented),  # drawn before the shuffle: the windows seed each sample they read
+        wds.shuffle(buffer),
+    ),
+}
+
+
+def loader_of(dataset: Any, epoch: int, workers: int = 0, rank: int = 0, world: int = 1) -> Any:
+    loader = DataLoader(dataset, batch_size=4, num_workers=workers, collate_fn=list)
+    return make_resumable(loader, seed=5, num_replicas=world, rank=rank, epoch_source=lambda: epoch)
+
+
+def ids(batches: list[list[tuple[int, float]]]) -> list[int]:
+    return [sample[0] for batch in batches for sample in batch]
+
+
+def test_the_samples_are_webdatasets_own(urls: list[str]) -> None:
+    from lightning_resumable.readers.web_dataset import WebShards, plan_of
+
+    for own in (
+        wds.WebDataset(urls, shardshuffle=False),
+        wds.DataPipeline(wds.SimpleShardList(urls), wds.tarfile_to_samples()),
+    ):
+        assert list(WebShards(plan_of(own), seed=0, rank=0, world_size=1, seed_reads=False)) == list(own)
+
+
+@pytest.mark.parametrize("form", list(PIPELINES))
+def test_every_sample_once_in_a_new_order_each_epoch(urls: list[str], form: str) -> None:
+    dataset = PIPELINES[form](urls, 5)
+    epochs = [ids(list(loader_of(dataset, epoch))) for epoch in (0, 1)]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(SHARDS * PER_SHARD))
+    assert epochs[0] != epochs[1]
+    ranks = [ids(list(loader_of(dataset, 0, rank=rank, world=2))) for rank in (0, 1)]
+    assert sorted(ranks[0] + ranks[1]) == list(range(SHARDS * PER_SHARD)), "the ranks split the shards"
+
+
+@pytest.mark.parametrize(("form", "workers"), [("fluid", 0), ("fluid", 2), ("pipeline", 3)])
+def test_a_restore_after_any_batch_and_a_restore_of_a_restore_are_exact(
+    urls: list[str], form: str, workers: int
+) -> None:
+    dataset = PIPELINES[form](urls, 5)
+    full = list(loader_of(dataset, 1, workers))
+
+    def resumed_from(state: Any, cut: int) -> Any:
+        resumed = loader_of(dataset, 1, workers)
+        resumed.resume_from(state, cut)
+        return resumed
+
+    for cut in range(1, len(full) - 1):
+        loader = loader_of(dataset, 1, workers)
+        batches = iter(loader)
+        head = [next(batches) for _ in range(cut)]
+        state = loader.record.state_after(cut)
+        del batches
+        assert len(pickle.dumps(state)) < 4096, "no sample in the state"
+        again = resumed_from(state, cut)
+        batches = iter(again)
+        one_more = next(batches)
+        second = again.record.state_after(cut + 1)
+        del batches
+        assert [*head, one_more, *resumed_from(second, cut + 1)] == full, cut
+
+
+def test_what_cannot_be_taken_over_is_refused(urls: list[str]) -> None:
+    with pytest.raises(UnsupportedLoaderError, match="no node splitter"):
+        loader_of(wds.WebDataset(urls, shardshuffle=False), 0, world=2)
+    with pytest.raises(UnsupportedLoaderError, match="shuffles its samples twice"):
+        loader_of(wds.WebDataset(urls, shardshuffle=False).shuffle(4).shuffle(4), 0)
+    with pytest.raises(UnsupportedLoaderError, match="repeats or cuts its epoch"):
+        loader_of(wds.WebDataset(urls, shardshuffle=False).shuffle(4).with_epoch(10), 0)
+    with pytest.raises(UnsupportedLoaderError, match="resampled shards"):
+        loader_of(wds.WebDataset(urls, resampled=True).shuffle(4), 0)
+    web_loader = wds.WebLoader(wds.WebDataset(urls, shardshuffle=False), batch_size=None).shuffle(10)
+    with pytest.raises(UnsupportedLoaderError, match="WebLoader has stages of its own"):
+        make_resumable(web_loader, seed=5, num_replicas=1, rank=0)
+
+
+def test_a_web_loader_without_stages_is_taken_over(urls: list[str]) -> None:
+    dataset = wds.WebDataset(urls, shardshuffle=len(urls)).shuffle(5).decode().map(augmented).batched(4)
+    made = make_resumable(wds.WebLoader(dataset, batch_size=None), seed=5, num_replicas=1, rank=0)
+    batches = list(made)
+    assert sorted(i for batch in batches for i in batch[0]) == list(range(SHARDS * PER_SHARD))
