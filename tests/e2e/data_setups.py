@@ -93,6 +93,7 @@ SETUPS = {
         MapStyle(),
         Stream("stream", own_loader=True),
         Stream("hf", own_loader=True),  # a Hugging Face IterableDataset
+        Stream("wds", own_loader=True),  # a WebDataset pipeline over tar shards
         Stream("mosaic", own_loader=True),
         Stream("litdata"),
         Stream("litdata-combined", size_factor=1.5),  # the stream and a second one of half its size

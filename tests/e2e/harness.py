@@ -62,7 +62,8 @@ class Scenario:
     ``replacement``, ``num_samples``, ``subset`` (see ``train.make_sampler``), or the batch sampler
     ``bucketing`` (``train.Bucketing``).
     ``data`` is ``map`` (one map-style loader), ``stream`` (``train.ShardedStream``, a user's stateful
-    stream), ``hf`` (a Hugging Face ``datasets.IterableDataset``), ``litdata`` (LitData's
+    stream), ``hf`` (a Hugging Face ``datasets.IterableDataset``), ``wds`` (a ``wds.WebDataset`` over tar
+    shards; ``shuffle_buffer`` is its ``.shuffle(n)`` as it is ``hf``'s ``buffer_size``), ``litdata`` (LitData's
     ``StreamingDataLoader`` over a ``StreamingDataset``; `train.write_litdata` writes its chunks),
     ``litdata-combined`` (a ``CombinedStreamingDataset`` of it and a second one of 24 samples),
     ``mosaic`` (the same with MosaicML Streaming; `train.write_mosaic` writes its shards),
@@ -115,7 +116,7 @@ class Scenario:
     evaluate_before_resume: bool = False
     evaluate_after_fit: bool = False
     resume_drop_last: bool | None = None
-    hf_shuffle_buffer: int = 0
+    shuffle_buffer: int = 0
     val_check_interval: float = 2
     check_val_every_n_epoch: int | None = 1
     max_steps: int = -1

@@ -24,8 +24,10 @@ from .harness import (
 )
 from .preemption import PREEMPTION_WHENS, Preemption
 
-STREAMS = ("stream", "hf")
-"""The streams `draw_case` draws: a user's stateful stream, a Hugging Face stream shuffled through a buffer."""
+STREAMS = ("stream", "hf", "wds")
+"""The streams `draw_case` draws: a user's stateful stream, a Hugging Face stream and a WebDataset pipeline, both
+shuffled through a buffer (a WebDataset case is skipped where webdataset is not installed: CI's extras step runs
+`WEB_DATASET_SEEDS`)."""
 
 _SAMPLERS = ("shuffle", "shuffle", "weighted", "replacement", "num_samples", "subset", "bucketing")
 
@@ -125,7 +127,10 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
     # Issue 46: a stream shuffled through a buffer (a Hugging Face stream's), drawn apart (salted) for the same reason.
     buffered = random.Random(seed * 7561 + 46)
     if data == "stream" and buffered.random() < 0.5:
-        shuffled = {"data": "hf", "hf_shuffle_buffer": buffered.choice((3, 5, 8, 16))}
+        shuffled = {"data": "hf", "shuffle_buffer": buffered.choice((3, 5, 8, 16))}
+        scenario, reference = replace(scenario, **shuffled), replace(reference, **shuffled)  # type: ignore[arg-type]
+    if scenario.data == "stream" and random.Random(seed * 7561 + 47).random() < 0.4:
+        shuffled = {"data": "wds", "shuffle_buffer": buffered.choice((1, 3, 5, 8, 16))}
         scenario, reference = replace(scenario, **shuffled), replace(reference, **shuffled)  # type: ignore[arg-type]
     return scenario, reference
 

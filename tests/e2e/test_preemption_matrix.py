@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ def _judged(runner: Runner, seed: int, drawn: tuple[object, Preemption], rerun: 
     scenario, preemption = drawn
     where = f"seed {seed} ({scenario.label()}; {preemption.label()})"  # type: ignore[attr-defined]
     try:
-        outcome = run_preemption(runner, scenario, preemption, runner.root / f"preempt{seed}")  # type: ignore[arg-type]
+        outcome = run_preemption(runner, scenario, preemption, runner.root / f"preempt{seed}-{scenario.data}")  # type: ignore[arg-type,attr-defined]
     except AssertionError as error:
         raise AssertionError(f"{where}: a run failed or hung; rerun: {rerun}\n{error}") from None
     times = os.environ.get("E2E_PREEMPTION_TIMES")
@@ -55,7 +56,10 @@ def _judged(runner: Runner, seed: int, drawn: tuple[object, Preemption], rerun: 
 @pytest.mark.parametrize("seed", seeds(fixed=PREEMPTION_SEEDS))
 def test_a_drawn_preemption_ends_cleanly_and_resumes_exactly(runner: Runner, seed: int) -> None:
     rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_preemption_matrix.py -k drawn_preemption"
-    _judged(runner, seed, draw_preemption(seed), rerun)
+    drawn = draw_preemption(seed)
+    if drawn[0].data == "wds" and importlib.util.find_spec("webdataset") is None:
+        pytest.skip("webdataset is not installed (CI's extras step runs its cases)")
+    _judged(runner, seed, drawn, rerun)
 
 
 @pytest.mark.parametrize("seed", seeds(fixed=LIBRARY_PREEMPTION_SEEDS))
@@ -80,3 +84,15 @@ def test_the_seeds_cover_every_signal_target_and_moment() -> None:
     assert any(each.resumed_first is not None for each in drawn)
     assert {draw_preemption(seed)[0].data for seed in PREEMPTION_SEEDS} >= {"map", "stream", "mixture"}
     assert {draw_preemption(seed)[0].num_workers for seed in PREEMPTION_SEEDS} == {0, 2}
+
+
+@pytest.mark.parametrize("data", ["stream", "hf"])
+def test_a_stream_preempted_at_its_epochs_last_batch_resumes_the_next_epoch(runner: Runner, data: str) -> None:
+    """A signal acted on at a stream's last batch of an epoch: Lightning's fit loop raises SIGTERMException after
+    the epoch's end, and the checkpoint was written as the next epoch started with the ended epoch's batches, so
+    the resume trained nothing in it (found by issue 46's preemptions of WebDataset streams, seed 257; a stream's
+    unknown length hid the ended epoch from the loop-progress edit). Seed 257's draw with a stream of each kind."""
+    scenario, preemption = draw_preemption(257)
+    assert (preemption.when, preemption.at) == ("batch", (0, 4)), "the signal lands at the epoch's last batch but one"
+    scenario = replace(scenario, data=data, shuffle_buffer=8 if data == "hf" else 0)
+    _judged(runner, 257, (scenario, preemption), f"python -m pytest -m e2e {__file__} -k last_batch")

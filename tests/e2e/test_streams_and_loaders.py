@@ -26,7 +26,7 @@ STREAMS = [
     Scenario(world_size=2, num_workers=0, loader="StatefulDataLoader", data="hf", stop_kind="in_step"),
     # Shuffled through a buffer of 8 (issue 46): 4 readers of 12 samples each, so windows end mid-reader.
     *(
-        Scenario(world_size=2, num_workers=workers, loader=loader, data="hf", hf_shuffle_buffer=8, stop_kind=stop)
+        Scenario(world_size=2, num_workers=workers, loader=loader, data="hf", shuffle_buffer=8, stop_kind=stop)
         for workers, loader, stop in (
             (2, "DataLoader", "batch_end"),
             (0, "StatefulDataLoader", "in_step"),
@@ -65,7 +65,7 @@ def test_a_stream_resumes_exactly(runner: Runner, scenario: Scenario) -> None:
     assert outcome.stream_mismatches(fields) == []
     for epoch in range(scenario.epochs):  # each epoch reads the whole stream once, across the ranks
         assert sorted(ids_of(outcome.full, epoch)) == list(range(STREAM_SIZE))
-    if scenario.data == "stream" or scenario.hf_shuffle_buffer:  # reshuffled each pass
+    if scenario.data == "stream" or scenario.shuffle_buffer:  # reshuffled each pass
         assert ids_of(outcome.full, 0) != ids_of(outcome.full, 1)
 
 

@@ -217,6 +217,45 @@ def hf_stream(size: int, rank: int, world_size: int, shuffle_buffer: int = 0) ->
     return split_dataset_by_node(stream, rank=rank, world_size=world_size)
 
 
+WDS_DIR = "wds-shards"
+"""Where a runner's WebDataset scenarios read their tar shards: beside its run directories (`wds_shards`)."""
+
+
+def wds_shards(root: Path, size: int) -> list[str]:
+    """8 tar shards of ``size // 8`` samples (a text id each), written with WebDataset's ``ShardWriter`` beside
+    the runs, once: each process that finds none writes its own and renames it into place (the same bytes)."""
+    import shutil
+
+    import webdataset as wds
+
+    directory = root / WDS_DIR
+    if not directory.exists():
+        staging = root / f"{WDS_DIR}.{os.getpid()}"
+        staging.mkdir(parents=True, exist_ok=True)
+        with wds.ShardWriter(str(staging / "shard-%02d.tar"), maxcount=size // 8, verbose=0) as sink:
+            for sample_id in range(size):
+                sink.write({"__key__": f"sample{sample_id:04d}", "txt": str(sample_id)})
+        try:
+            staging.rename(directory)
+        except OSError:  # another process's came first
+            shutil.rmtree(staging)
+    return sorted(str(path) for path in directory.glob("shard-*.tar"))
+
+
+def wds_augmented(sample: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    return augmented(int(sample["txt"]))
+
+
+def wds_stream(root: Path, size: int, buffer: int) -> Any:
+    """A ``wds.WebDataset`` over `wds_shards`, its shards shuffled and split by node, its samples shuffled
+    through a buffer of ``buffer``, decoded and augmented in ``map``."""
+    import webdataset as wds
+
+    urls = wds_shards(root, size)
+    dataset = wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, seed=0, empty_check=False)
+    return dataset.shuffle(buffer).decode().map(wds_augmented)
+
+
 LITDATA_DIR = "litdata-chunks"
 """Where a runner's LitData scenarios read their chunks: beside its run directories (`write_litdata`)."""
 LITDATA_SECOND_DIR = "litdata-chunks-second"
@@ -836,12 +875,15 @@ class PlainData(L.LightningDataModule):
             workers = self.config["resume_num_workers"]
         if data == "hf":
             stream, collate = (
-                hf_stream(STREAM_SIZE, rank, world_size, self.config.get("hf_shuffle_buffer", 0)),
+                hf_stream(STREAM_SIZE, rank, world_size, self.config.get("shuffle_buffer", 0)),
                 hf_collate,
             )
+        elif data == "wds":
+            root = Path(self.config["out_dir"]).parent
+            stream, collate = wds_stream(root, STREAM_SIZE, self.config.get("shuffle_buffer") or 1), None
         else:
             stream, collate = ShardedStream(STREAM_SIZE, rank, world_size), None
-        if not isinstance(self, ResumableDataModule):  # the library sets the epoch before each pass itself
+        if not isinstance(self, ResumableDataModule) and hasattr(stream, "set_epoch"):  # the library sets it itself
             stream.set_epoch(self.trainer.current_epoch)  # type: ignore[union-attr]  # restored before this runs
         self.train_set = stream
         loader_type = StatefulDataLoader if self.config["loader"] == "StatefulDataLoader" else DataLoader
@@ -864,6 +906,7 @@ TRAIN_LOADERS: dict[str, Callable[[PlainData], Any]] = {
     "map": PlainData.map_loader,
     "stream": lambda data: data.stream_loader("stream"),
     "hf": lambda data: data.stream_loader("hf"),
+    "wds": lambda data: data.stream_loader("wds"),
     "mosaic": PlainData.mosaic_loader,
     "litdata": lambda data: data.litdata_loader(combined=False),
     "litdata-combined": lambda data: data.litdata_loader(combined=True),

@@ -154,7 +154,11 @@ def epoch_resumes_where_its_batches_stopped(trainer: pl.Trainer, checkpoint: dic
     loops["epoch_progress"] = progress
     started = progress["current"]["started"]
     running = trainer.state.status != TrainerStatus.FINISHED  # not a save after fit() returned
-    if running and started == _processed(epoch) == trainer.current_epoch and 0 < done < trainer.num_training_batches:
+    # After an epoch's end (its last batch completed: a save where the fit loop raises Lightning's SIGTERMException)
+    # no next epoch is in progress; an unsized loader's count of batches is below its infinite length there too.
+    ended = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and trained == done
+    in_next = started == _processed(epoch) == trainer.current_epoch and 0 < done < trainer.num_training_batches
+    if running and in_next and not ended:
         # Lightning's restart from an epoch's last batch ends that epoch without marking the next one started
         # (its progress stays ready = started = processed): a save inside the next one would resume the epoch
         # before it. The epoch in progress is written as started.

@@ -1,0 +1,53 @@
+"""End to end: WebDataset pipelines shuffled through a buffer (issue 46), taken over by the library, stopped and
+resumed under DDP (2 processes, gloo), exact step for step: ids, what ``map`` drew, loss bits, validations.
+
+Single resumes at each kind of stop, with 0 and 2 workers; and runs interrupted several times in a row (a save
+then the process killed, SIGTERM on every rank, an epoch's last batch), drawn by the workflow matrix
+(`WEB_DATASET_CHAIN_SEEDS`). Needs webdataset: CI's extras step runs this module.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .data_setups import STREAM_SIZE
+from .harness import FIELDS, Runner, Scenario
+from .matrix import chain_problems, described, draw_chain
+from .test_streams_and_loaders import ids_of
+
+pytest.importorskip("webdataset")
+
+SCENARIOS = [
+    Scenario(world_size=2, num_workers=workers, loader=loader, data="wds", shuffle_buffer=5, stop_kind=stop)
+    for workers, loader, stop in (
+        (2, "DataLoader", "batch_end"),
+        (0, "StatefulDataLoader", "in_step"),
+        (2, "StatefulDataLoader", "last_batch"),
+        (0, "DataLoader", "validation"),
+    )
+]
+
+WEB_DATASET_CHAIN_SEEDS = (1313, 964, 3123, 477)
+"""Matrix chains over a WebDataset pipeline on 2 processes: 1313, three kills (a save, then SIGKILL) across an
+epoch's end, 0 workers; 964, SIGTERM twice in a row then across the epoch's end, 2 workers; 3123, a kill then a
+SIGTERM in the last epoch, 2 workers; 477, an epoch's last batch then SIGTERM twice, 0 workers."""
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.label() for s in SCENARIOS])
+def test_a_shuffled_web_dataset_resumes_exactly(runner: Runner, scenario: Scenario) -> None:
+    outcome = runner.run(scenario)
+    fields = FIELDS
+    if scenario.stop_kind == "last_batch":  # Lightning numbers the next epoch's batches on (test_streams_and_loaders)
+        fields = tuple(name for name in FIELDS if name != "batch")
+    assert outcome.stream_mismatches(fields) == []
+    for epoch in range(scenario.epochs):
+        assert sorted(ids_of(outcome.full, epoch)) == list(range(STREAM_SIZE))
+    assert ids_of(outcome.full, 0) != ids_of(outcome.full, 1), "shards and samples reshuffled each epoch"
+
+
+@pytest.mark.parametrize("seed", WEB_DATASET_CHAIN_SEEDS)
+def test_a_web_dataset_interrupted_several_times_resumes_exactly(runner: Runner, seed: int) -> None:
+    scenario, legs = draw_chain(seed)
+    assert scenario.data == "wds" and scenario.world_size == 2
+    problems = chain_problems(runner, scenario, legs, runner.root / f"chain{seed}-{scenario.label()}")
+    assert problems == [], f"seed {seed} ({scenario.label()}: {described(legs)})\n" + "\n".join(problems[:6])
