@@ -11,9 +11,8 @@ from __future__ import annotations
 import pytest
 
 from .data_setups import STREAM_SIZE
-from .harness import FIELDS, Runner, Scenario
+from .harness import FIELDS, Records, Runner, Scenario
 from .matrix import chain_problems, described, draw_chain
-from .test_streams_and_loaders import ids_of
 
 pytest.importorskip("webdataset")
 
@@ -31,6 +30,12 @@ WEB_DATASET_CHAIN_SEEDS = (1313, 964, 3123, 477)
 """Matrix chains over a WebDataset pipeline on 2 processes: 1313, three kills (a save, then SIGKILL) across an
 epoch's end, 0 workers; 964, SIGTERM twice in a row then across the epoch's end, 2 workers; 3123, a kill then a
 SIGTERM in the last epoch, 2 workers; 477, an epoch's last batch then SIGTERM twice, 0 workers."""
+
+
+def ids_of(records: Records, epoch: int) -> list[int]:
+    return [
+        sample for rank in records.values() for record in rank if record["epoch"] == epoch for sample in record["ids"]
+    ]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.label() for s in SCENARIOS])

@@ -150,9 +150,7 @@ def begin_sample(seed: int, seed_globals: bool) -> None:
 
 @contextlib.contextmanager
 def inner_samples() -> Iterator[None]:
-    """Samples read while another is fetched (a shuffle's window filled as one sample is asked for): each
-    may `begin_sample` its own seed; afterwards the outer sample's seed and the global generators are as
-    they were, so what follows in the outer fetch draws what it would have drawn without them."""
+    """Samples read under their own `begin_sample` while another is fetched: its seed and generators kept."""
     global _current
     outer, kept = _current, GlobalGeneratorState()
     try:
