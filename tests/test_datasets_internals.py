@@ -65,6 +65,12 @@ SHUFFLED = {
         sharded(16).shuffle(seed=1, buffer_size=5), rank=1, world_size=2
     ).map(drawing),
     "filter": lambda: sharded(16).filter(lambda e: e["id"] % 3 != 0).shuffle(seed=2, buffer_size=4).map(drawing),
+    "to-iterable": lambda: (
+        datasets.Dataset.from_dict({"id": list(range(60))})
+        .to_iterable_dataset(num_shards=6)
+        .shuffle(seed=5, buffer_size=7)
+        .map(drawing)
+    ),
     "interleaved": lambda: datasets.interleave_datasets(
         [sharded(8).shuffle(seed=3, buffer_size=4), sharded(8, first=100).shuffle(seed=4, buffer_size=3)],
         probabilities=[0.3, 0.7],

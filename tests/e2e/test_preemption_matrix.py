@@ -32,6 +32,10 @@ workers and of processes the draw has (`test_the_seeds_cover_every_signal_target
 signal in the first epoch after a resume (368), to a stream (97), under FSDP2 (88), inside an accumulation window
 (49), on one process with workers (22), in a validation with the validation loader's workers (27) and the requeue
 signal to the group in a step (148). The table of docs/guarantees.md#preemption lists them."""
+WEB_DATASET_PREEMPTION_SEEDS = (21, 174, 257, 326)
+"""Drawn preemptions of a WebDataset pipeline (issue 46; CI's extras step): SLURM's requeue signal to rank 1 at a
+step, 0 workers; SIGTERM to every rank as the next epoch's 2 workers start; SIGTERM to the group at the epoch's
+last batch, after a first resume, 2 workers (found the epoch-end defect); SIGTERM to the group in a validation."""
 LIBRARY_PREEMPTION_SEEDS = (0, 2, 4, 9, 11, 13, 14, 25, 33, 40, 47, 200)
 """LitData's and Mosaic's loaders, in CI's extras step: a cover of what `draw_library_preemption` draws, with the
 group signal to a chunked mixture (LitData's and Mosaic's datasets in a ``Mixture``, 2 workers) in the first epoch
@@ -84,6 +88,14 @@ def test_the_seeds_cover_every_signal_target_and_moment() -> None:
     assert any(each.resumed_first is not None for each in drawn)
     assert {draw_preemption(seed)[0].data for seed in PREEMPTION_SEEDS} >= {"map", "stream", "mixture"}
     assert {draw_preemption(seed)[0].num_workers for seed in PREEMPTION_SEEDS} == {0, 2}
+
+
+@pytest.mark.parametrize("seed", WEB_DATASET_PREEMPTION_SEEDS)
+def test_a_drawn_preemption_of_a_web_dataset_ends_cleanly_and_resumes_exactly(runner: Runner, seed: int) -> None:
+    pytest.importorskip("webdataset")
+    drawn = draw_preemption(seed)
+    assert drawn[0].data == "wds"
+    _judged(runner, seed, drawn, f"python -m pytest -m e2e {__file__} -k 'web_dataset and {seed}'")
 
 
 @pytest.mark.parametrize("data", ["stream", "hf"])

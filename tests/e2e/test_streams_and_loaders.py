@@ -9,12 +9,15 @@ on another world size.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from . import processes
 from .data_setups import COMBINED_SIZES, STREAM_SIZE
-from .harness import FIELDS, Records, Runner, Scenario
+from .harness import FIELDS, RUN_TIMEOUT_S, Records, Runner, Scenario
 
 STREAMS = [
     Scenario(world_size=2, num_workers=0, loader="DataLoader", data="stream", stop_kind="batch_end"),
@@ -138,3 +141,16 @@ def test_a_resume_whose_saved_positions_mean_other_data_is_refused(
     assert not any(resumed.values()), "a resumed step trained"
     log = next(runner.root.joinpath(scenario.label()).glob("resume-*.log")).read_text()
     assert error in log
+
+
+def test_the_hugging_face_streaming_example_is_exact_through_a_sigkill(tmp_path: Path) -> None:
+    """``examples/hf_streaming.py`` (issue 46): parquet files, ``load_dataset(streaming=True)``, ``.shuffle(seed,
+    buffer_size)``, an augmenting ``.map``, ``split_dataset_by_node``, 2 processes, 2 workers, the process group
+    killed with SIGKILL after a checkpoint, each other run ending as a user's process does."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "hf_streaming.py"
+    log = tmp_path / "example.log"
+    code = processes.run_tree([sys.executable, str(example)], log, tmp_path, 3 * RUN_TIMEOUT_S, "the streaming example")
+    output = log.read_text()
+    assert code == 0 and "VERDICT: EXACT" in output, output[-4000:]
+    for rank in range(2):
+        assert f"     {rank}              42             42     42/42     42/42     42/42  exact" in output, output

@@ -17,6 +17,8 @@ before the shuffle is the same when a restore reads the window again.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any, Protocol
 
@@ -95,6 +97,9 @@ def read_shuffled(
         )
     window, cursor = int(place["window"]), int(place["cursor"])
     skip = int(place["yielded"])
+    # Not in another thread (datasets' interleave_datasets reads its sources ahead in a pool): the generators are
+    # the process's, and the thread that fetches the outer sample draws from them meanwhile.
+    seed_reads = seed_reads and threading.current_thread() is threading.main_thread()
     ended = list(place["ended"])
     readers: list[Iterator[Any] | None] = [
         None if done else source.open(position)
@@ -104,7 +109,7 @@ def read_shuffled(
         live = [number for number in range(len(sources)) if not ended[number]]
         cursor %= len(live)
         samples: list[Any] = []
-        with randomness.inner_samples():
+        with randomness.inner_samples() if seed_reads else contextlib.nullcontext():
             while len(samples) < size and live:
                 number = live[cursor]
                 reader = readers[number]

@@ -75,9 +75,9 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         verify: record the next batch's fingerprint at every save and compare it on resume.
         audit_dir: where each rank appends, per trained step, its epoch, batch index and sample ids
             (``audit.rank{R}.jsonl``; ``python -m lightning_resumable compare`` compares two runs).
-        allow_inexact_streams: train on a stream known not to resume exactly (a Hugging Face stream
-            with a shuffle buffer, which ``datasets`` does not save), with a warning, instead of
-            refusing it with `UnsupportedLoaderError`.
+        allow_inexact_streams: train on a stream known not to resume exactly, with a warning, instead
+            of refusing it with `UnsupportedLoaderError`. None the library recognises is left (a Hugging
+            Face shuffle buffer is taken over since issue 46); kept so that configurations setting it run.
 
     Raises:
         MissingStateError: resuming a checkpoint written without this callback.
