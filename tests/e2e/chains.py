@@ -46,7 +46,7 @@ are now seeded at each step's end, and a resume seeds them as the step it follow
 third soak, shrunk (`shrink.py`) to a resume on 1 process from a checkpoint at the last batch of an epoch on 2:
 Lightning went on in the next epoch from the old epoch's batch count (its restart compares that count with the
 new loader's length) and ended it 5 batches early. Such a checkpoint now resumes at the next epoch's start."""
-CHAIN_SEEDS = (100132691, 257594569, 66741773, 757704568, 854942050)
+CHAIN_SEEDS = (100132691, 257594569, 66741773, 757704568, 854942050, 750, 2154, 44860491)
 """Chains CI runs besides `CI_SEEDS`, found by a soak: 100132691, a save from ``OnExceptionCheckpoint`` (SIGTERM on
 one process, 3 workers) fingerprinted a batch read after the callback had ended the workers (torch skips the
 batches they owed): the state is now taken before; 257594569, a resume from inside a step left Lightning's batch
@@ -60,7 +60,11 @@ that epoch started, not even once it ended: the extended fit trained one batch o
 written as started. The third, 318055189, was Lightning's (FSDP2 cannot load a checkpoint of an optimizer that has
 not stepped): the generator no longer draws it. 854942050 (the last soak): a fit of epochs cut by
 ``limit_train_batches``, saved once it returned and extended, was refused (the limit, not the sampler, had ended
-the saved epoch); it now starts the next epoch."""
+the saved epoch); it now starts the next epoch. Issue 46's shuffled Hugging Face streams
+(a buffer taken over by windows): 750, 0 workers, an epoch's last batch, then a save, SIGTERM and a kill in the last
+epoch; 2154, 2 workers, SIGTERM, the epoch's last batch, a kill, the next epoch's last batch; 44860491 (its soak),
+2 workers, a kill then a save in a validation: a worker that had not read since the first restore reported its
+state before the restore."""
 LIBRARY_SEEDS = (2, 6, 609549163)
 """Data-library cases CI's extras step runs (`matrix.draw_library_case`): Mosaic on 2 processes with 2 workers
 resumed on none, read by a torch ``DataLoader``; LitData at an epoch's last batch with 2 workers; 609549163, found

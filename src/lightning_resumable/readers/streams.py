@@ -254,8 +254,9 @@ def recognises(loader: object) -> bool:
     return isinstance(loader, DataLoader) and isinstance(loader.dataset, IterableDataset)
 
 
-def build(loader: DataLoader[Any], options: BuildOptions, subclass: bool) -> Built:
-    """``loader`` as a `StreamLoader` (`make_stream_resumable`); a ``DataLoader`` subclass is refused.
+def build(loader: DataLoader[Any], options: BuildOptions, subclass: bool, dataset: Any = None) -> Built:
+    """``loader`` as a `StreamLoader` (`make_stream_resumable`) over its stream (or ``dataset``, a data
+    library's stream taken over); a ``DataLoader`` subclass is refused.
 
     Raises:
         UnsupportedLoaderError: the loader cannot be made exactly resumable; the message says why.
@@ -267,6 +268,7 @@ def build(loader: DataLoader[Any], options: BuildOptions, subclass: bool) -> Bui
         )
     made = make_stream_resumable(
         loader,
+        dataset=dataset,
         seed=options.seed,
         rank=options.rank,
         seed_samples=options.seed_samples,

@@ -40,6 +40,7 @@ from lightning_resumable.core.order import EpochOrder
 from lightning_resumable.core.window_shuffle import INTERLEAVED_SOURCES, fresh_place, read_shuffled
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.format._keys import Domain, domain_key, stream_key
+from lightning_resumable.readers import streams
 from lightning_resumable.readers.base import BuildOptions, Built
 
 __all__ = ["WebPlan", "WebShards", "build", "mixture_source", "plan_of", "recognises"]
@@ -299,8 +300,6 @@ def build(loader: Any, options: BuildOptions) -> Built:
     Raises:
         UnsupportedLoaderError: a ``WebLoader`` with stages of its own, or a pipeline stage not taken over.
     """
-    from lightning_resumable.readers.streams import make_stream_resumable
-
     if isinstance(loader, wds.WebLoader):
         if len(loader.pipeline) != 1:
             names = ", ".join(_stage_name(stage) for stage in loader.pipeline[1:])
@@ -311,16 +310,7 @@ def build(loader: Any, options: BuildOptions) -> Built:
         loader = loader.pipeline[0]
     plan = plan_of(loader.dataset)
     dataset = WebShards(plan, options.seed, options.rank, options.num_replicas, options.seed_samples)
-    made = make_stream_resumable(
-        loader,
-        dataset=dataset,
-        seed=options.seed,
-        rank=options.rank,
-        seed_samples=options.seed_samples,
-        restore_globals=options.restore_globals,
-        epoch_source=options.epoch_source,
-    )
-    return Built(made, made)
+    return streams.build(loader, options, subclass=False, dataset=dataset)
 
 
 def mixture_source(dataset: Any, window: int) -> object:
