@@ -64,6 +64,9 @@ SHUFFLED = {
     "map-after-split": lambda: split_dataset_by_node(
         sharded(16).shuffle(seed=1, buffer_size=5), rank=1, world_size=2
     ).map(drawing),
+    "split-before": lambda: (
+        split_dataset_by_node(sharded(16), rank=0, world_size=2).shuffle(seed=6, buffer_size=6).map(drawing)
+    ),
     "filter": lambda: sharded(16).filter(lambda e: e["id"] % 3 != 0).shuffle(seed=2, buffer_size=4).map(drawing),
     "to-iterable": lambda: (
         datasets.Dataset.from_dict({"id": list(range(60))})
