@@ -22,16 +22,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from datasets.iterable_dataset import (
-    BufferShuffledExamplesIterable,
-    InterleavedShardsExamplesIterable,
-    _BaseExamplesIterable,
-)
+from datasets import iterable_dataset
+from datasets.iterable_dataset import BufferShuffledExamplesIterable, _BaseExamplesIterable
 
 from lightning_resumable.core.window_shuffle import fresh_place, read_shuffled
 from lightning_resumable.format._keys import Domain, domain_key
 
 __all__ = ["WindowShuffledExamplesIterable", "replace_buffers"]
+
+_INTERLEAVED: Any = getattr(iterable_dataset, "InterleavedShardsExamplesIterable", ())
+"""datasets 5's interleave of a shuffle's input shards (``()``: a release without one reads them in turn)."""
 
 
 class _Inner:
@@ -141,7 +141,7 @@ def replace_buffers(chain: Any, run_seed: int, rank: int, seed_reads: bool) -> A
     of its size; the nodes on the way are copied, the user's dataset is left as it was."""
     if isinstance(chain, BufferShuffledExamplesIterable):
         inner, interleave = chain.ex_iterable, 1
-        if isinstance(inner, InterleavedShardsExamplesIterable):  # read side by side here, not in threads
+        if isinstance(inner, _INTERLEAVED):  # read side by side here, not in threads
             inner, interleave = inner.ex_iterable, inner.max_input_shards
         inner = replace_buffers(inner, run_seed, rank, seed_reads)
         return WindowShuffledExamplesIterable(
