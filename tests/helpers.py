@@ -199,6 +199,35 @@ def read(batches: Any, count: int | None = None) -> list[str]:
     return [digest_of(batch) for batch in itertools.islice(batches, count)]
 
 
+def assert_restores_twice_exactly(
+    make: Callable[[], StreamReader], full: list[Any], cut: int, state_bytes: int = 4096
+) -> dict[str, Any]:
+    """A reader (``make()``, one pass of the same epoch each) stopped after ``cut`` batches, resumed from its
+    state, read one batch, saved again and resumed from that: its batches are ``full``'s, and the state,
+    pickled, under ``state_bytes`` (no sample in it). Returns the first state."""
+    import pickle
+
+    def resumed_from(state: dict[str, Any], batches: int) -> StreamReader:
+        resumed = make()
+        resumed.resume_from(state, batches)
+        return resumed
+
+    stopped = make()
+    reading = iter(stopped)
+    head = [next(reading) for _ in range(cut)]
+    state = stopped.state_after(cut)
+    del reading
+    assert len(pickle.dumps(state)) < state_bytes, "no sample in the state"
+    assert head + list(resumed_from(state, cut)) == full, cut
+    again = resumed_from(state, cut)
+    reading = iter(again)
+    one_more = next(reading)
+    second = again.state_after(cut + 1)
+    del reading
+    assert [*head, one_more, *resumed_from(second, cut + 1)] == full, cut
+    return state
+
+
 def assert_reader_resumes_exactly(
     make: Callable[[list[int], int], StreamReader],
     *,

@@ -3,7 +3,6 @@ version, and a stream shuffled through a buffer, resumed exactly by windows (iss
 
 from __future__ import annotations
 
-import pickle
 import random
 from typing import Any
 
@@ -14,6 +13,8 @@ from torch.utils.data import DataLoader
 
 from lightning_resumable.readers.build import make_resumable
 from lightning_resumable.readers.hugging_face import shuffle_buffer_size
+
+from .helpers import assert_restores_twice_exactly
 
 datasets = pytest.importorskip("datasets")
 from datasets.distributed import split_dataset_by_node  # noqa: E402
@@ -91,15 +92,8 @@ def test_a_shuffled_stream_resumes_exactly_after_any_batch(name: str) -> None:
         full = list(seeded_loader(dataset, epoch))
         assert len({row["id"] for batch in full for row in batch}) == sum(len(batch) for batch in full)
         for cut in range(1, len(full)):
-            loader = seeded_loader(dataset, epoch)
-            batches = iter(loader)
-            head = [next(batches) for _ in range(cut)]
-            state = loader.record.state_after(cut)
-            del batches
-            resumed = seeded_loader(dataset, epoch)
-            resumed.resume_from(state, cut)
-            assert head + list(resumed) == full, (epoch, cut)
-            assert "'x'" not in repr(state) and len(pickle.dumps(state)) < 4096, len(pickle.dumps(state))
+            state = assert_restores_twice_exactly(lambda epoch=epoch: seeded_loader(dataset, epoch), full, cut)
+            assert "'x'" not in repr(state)
     assert shuffle_buffer_size(dataset) is not None, "the user's dataset is left as it was"
 
 
@@ -118,22 +112,5 @@ def test_workers_resume_exactly_twice_in_a_row(workers: int) -> None:
     they were restored with (datasets reports its state before the load until it reads; soak seed 44860491)."""
     dataset = split_dataset_by_node(sharded(16).shuffle(seed=1, buffer_size=5), rank=0, world_size=2).map(drawing)
     full = list(seeded_loader(dataset, 1, workers=workers))
-
-    def resumed_from(state: Any, cut: int) -> Any:
-        resumed = seeded_loader(dataset, 1, workers=workers)
-        resumed.resume_from(state, cut)
-        return resumed
-
     for cut in (1, 2, 4, len(full) - 2):
-        loader = seeded_loader(dataset, 1, workers=workers)
-        batches = iter(loader)
-        head = [next(batches) for _ in range(cut)]
-        state = loader.record.state_after(cut)
-        del batches
-        assert head + list(resumed_from(state, cut)) == full, cut
-        again = resumed_from(state, cut)
-        batches = iter(again)
-        one_more = next(batches)
-        second = again.record.state_after(cut + 1)
-        del batches
-        assert [*head, one_more, *resumed_from(second, cut + 1)] == full, cut
+        assert_restores_twice_exactly(lambda: seeded_loader(dataset, 1, workers=workers), full, cut)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -38,3 +39,12 @@ def test_the_020_paths_import_in_a_fresh_interpreter_with_warnings_as_errors_onl
     code = "import lightning_resumable.callback as c; import warnings; print(sorted(dir(c)))"
     shown = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == "['ResumableDataCallback']"
+
+
+def test_allow_inexact_streams_warns_that_it_has_no_effect() -> None:
+    """The one stream it accepted, a Hugging Face stream with a shuffle buffer, resumes exactly since issue 46."""
+    with pytest.warns(DeprecationWarning, match=r"allow_inexact_streams=.* no effect .* removed in 0\.4\.0"):
+        lightning_resumable.ResumableDataCallback(allow_inexact_streams=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lightning_resumable.ResumableDataCallback()

@@ -35,7 +35,6 @@ class Reader(StreamReader):
     reader = "mosaic"
     library = "MosaicML Streaming"
     num_workers = 0
-    inexact = False
     first_batch = None
 
     def __init__(self) -> None:

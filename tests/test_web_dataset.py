@@ -4,7 +4,6 @@ a restore of a restore), other epochs read other orders, and what cannot be take
 
 from __future__ import annotations
 
-import pickle
 import random
 from typing import Any
 
@@ -15,6 +14,8 @@ from torch.utils.data import DataLoader
 
 from lightning_resumable import UnsupportedLoaderError
 from lightning_resumable.readers.build import make_resumable
+
+from .helpers import assert_restores_twice_exactly
 
 wds = pytest.importorskip("webdataset")
 
@@ -89,25 +90,8 @@ def test_a_restore_after_any_batch_and_a_restore_of_a_restore_are_exact(
 ) -> None:
     dataset = PIPELINES[form](urls, 5)
     full = list(loader_of(dataset, 1, workers))
-
-    def resumed_from(state: Any, cut: int) -> Any:
-        resumed = loader_of(dataset, 1, workers)
-        resumed.resume_from(state, cut)
-        return resumed
-
-    for cut in range(1, len(full) - 1):
-        loader = loader_of(dataset, 1, workers)
-        batches = iter(loader)
-        head = [next(batches) for _ in range(cut)]
-        state = loader.record.state_after(cut)
-        del batches
-        assert len(pickle.dumps(state)) < 4096, "no sample in the state"
-        again = resumed_from(state, cut)
-        batches = iter(again)
-        one_more = next(batches)
-        second = again.record.state_after(cut + 1)
-        del batches
-        assert [*head, one_more, *resumed_from(second, cut + 1)] == full, cut
+    for cut in range(1, len(full)):
+        assert_restores_twice_exactly(lambda: loader_of(dataset, 1, workers), full, cut)
 
 
 def test_what_cannot_be_taken_over_is_refused(urls: list[str]) -> None:

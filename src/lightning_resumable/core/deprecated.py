@@ -1,12 +1,24 @@
-"""Spellings of 0.2.0 kept for one release (deprecated in 0.3.0, removed in 0.4.0), each warning with
-its replacement."""
+"""Spellings kept for one release, each warning with its replacement: 0.2.0's (deprecated in 0.3.0) and
+``allow_inexact_streams`` (deprecated after 0.3.0), removed in 0.4.0."""
 
 from __future__ import annotations
 
 import warnings
 from typing import Any
 
-__all__ = ["DeprecatedSpellings"]
+__all__ = ["DeprecatedSpellings", "warn_if_inexact_streams_allowed"]
+
+
+def warn_if_inexact_streams_allowed(allowed: bool) -> None:
+    """``ResumableDataCallback(allow_inexact_streams=True)``: the one stream it accepted (a Hugging Face
+    stream with a shuffle buffer) resumes exactly since issue 46, so it has no effect."""
+    if allowed:
+        warnings.warn(
+            "ResumableDataCallback(allow_inexact_streams=...) is deprecated, has no effect and will be removed in"
+            " 0.4.0: a Hugging Face stream with a shuffle buffer, the stream it accepted, now resumes exactly",
+            DeprecationWarning,
+            stacklevel=3,
+        )
 
 
 class DeprecatedSpellings:

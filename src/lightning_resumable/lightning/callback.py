@@ -17,6 +17,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from lightning_resumable.core.deprecated import warn_if_inexact_streams_allowed
 from lightning_resumable.core.randomness import global_generators_kept, seed_training_step
 from lightning_resumable.core.sampler import ResumableSampler
 from lightning_resumable.errors import (
@@ -75,9 +76,8 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         verify: record the next batch's fingerprint at every save and compare it on resume.
         audit_dir: where each rank appends, per trained step, its epoch, batch index and sample ids
             (``audit.rank{R}.jsonl``; ``python -m lightning_resumable compare`` compares two runs).
-        allow_inexact_streams: train on a stream known not to resume exactly, with a warning, instead
-            of refusing it with `UnsupportedLoaderError`. None the library recognises is left (a Hugging
-            Face shuffle buffer is taken over since issue 46); kept so that configurations setting it run.
+        allow_inexact_streams: deprecated, no effect: the one stream it accepted, a Hugging Face stream
+            with a shuffle buffer, resumes exactly now; ``True`` warns (removed in 0.4.0).
 
     Raises:
         MissingStateError: resuming a checkpoint written without this callback.
@@ -116,7 +116,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         self.seed_steps = seed_steps
         self.verify = verify
         self.audit_dir = audit_dir
-        self.allow_inexact_streams = allow_inexact_streams
+        warn_if_inexact_streams_allowed(allow_inexact_streams)
         self._audit: AuditLog | None = None
         self._trainer: pl.Trainer | None = None
         self._owner: TrainOwner | None = None  # built with the loaders by train_dataloader()

@@ -111,7 +111,6 @@ def _resumable_train_input(self: ResumableDataModule, loader: Any) -> Any:
         callback.shuffle_seed(trainer),
         seed_samples=callback.seed_samples,
         seed_steps=callback.seed_steps,
-        allow_inexact_streams=callback.allow_inexact_streams,
     )
     callback.take(owner, trainer.current_epoch)
     return iterated

@@ -61,7 +61,7 @@ class StreamOwner(Owner[StreamState]):
             # Each rank verifies its own next batch, on the world size that recorded them.
             if verify and saved.next_batch is None:
                 rank_zero_info("lightning_resumable: the checkpoint holds no batch digest; the resume is not verified")
-            verifiable = verify and saved.world_size == self.world_size and not self.loader.inexact
+            verifiable = verify and saved.world_size == self.world_size
             recorded = saved.next_batch if verifiable else None
             self.loader.resume_from(state, saved.batches, recorded[self.rank] if recorded else "")
             self.verifying = (saved.epoch, saved.batches) if recorded else None

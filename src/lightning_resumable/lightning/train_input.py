@@ -33,7 +33,6 @@ def build_train_input(
     *,
     seed_samples: bool,
     seed_steps: bool,
-    allow_inexact_streams: bool,
 ) -> tuple[TrainOwner, object]:
     """The owner of ``returned``'s position, and what the trainer iterates instead of ``returned``.
 
@@ -56,7 +55,6 @@ def build_train_input(
                 # sets the step's stream anyway: putting the generators back would be wasted work.
                 restore_globals=not seed_steps,
                 epoch_source=lambda: trainer.current_epoch,
-                allow_inexact_streams=allow_inexact_streams,
             ),
         )
 

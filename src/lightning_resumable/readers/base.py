@@ -43,8 +43,7 @@ class Library:
 class BuildOptions:
     """How a train loader is made resumable: the run's ``seed``, this process's place, whether each
     sample is seeded (``seed_samples``) and the main process's generators put back after it
-    (``restore_globals``), the trainer's epoch (``epoch_source``), and whether a stream known not to
-    resume exactly is allowed (``allow_inexact_streams``)."""
+    (``restore_globals``), and the trainer's epoch (``epoch_source``)."""
 
     seed: int
     num_replicas: int
@@ -52,7 +51,6 @@ class BuildOptions:
     seed_samples: bool = True
     restore_globals: bool = True
     epoch_source: Callable[[], int] = lambda: 0
-    allow_inexact_streams: bool = False
 
 
 class StreamReader:
@@ -74,8 +72,6 @@ class StreamReader:
     epoch_source: Callable[[], int]
     dataset: Any
     num_workers: int
-    inexact = False
-    """Known not to resume exactly (allowed by the user): not verified either."""
     _next_epoch: int | None = None
 
     def start_reading(self, record: PassRecord, epoch_source: Callable[[], int]) -> None:

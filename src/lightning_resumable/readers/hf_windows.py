@@ -10,8 +10,8 @@ window by window of ``buffer_size`` samples in a keyed permutation
 (`lightning_resumable.core.window_shuffle`). Its state sits in ``datasets``' own state dict: the window,
 the samples yielded of it, and each group of shards' state at the window's start.
 
-Imported only when a shuffle buffer is found, so ``datasets`` is installed; its internals this
-touches are named in `lightning_resumable.readers.hugging_face` and checked by
+Imported only when a shuffle buffer is found, so ``datasets`` is installed. One of the two places
+that touch ``datasets``' internals (`lightning_resumable.readers.hugging_face`); checked by
 ``tests/test_datasets_internals.py``.
 """
 

@@ -1,4 +1,7 @@
-"""Every piece of Hugging Face ``datasets`` internals this library reads, in one place.
+"""Hugging Face ``datasets`` internals, in two places: here, what is read of a dataset (its example
+iterables' chain, ``_ex_iterable``, walked for a shuffle buffer, and replaced in a copy), and
+`lightning_resumable.readers.hf_windows`, the example iterable that replaces the buffer (its base
+class, the chain's state-dict protocol, the buffer's and the shard interleave's fields).
 
 Checked against datasets 5.2 (the version CI installs); ``tests/test_datasets_internals.py`` fails
 if they move. ``datasets`` is never imported here: a dataset of another library is not one of its.

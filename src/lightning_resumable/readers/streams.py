@@ -97,8 +97,7 @@ class SeededStream(IterableDataset[Any]):
         self.restore_globals = restore_globals
         self.epoch = 0
         self._yielded = 0
-        self._restored_yielded: int | None = None
-        self._restored: dict[str, Any] | None = None
+        self._restored: dict[str, Any] | None = None  # a state loaded, until the stream reads on from it
 
     def __getattr__(self, name: str) -> Any:
         if name == "dataset":  # not set yet (unpickling): don't recurse
@@ -119,7 +118,7 @@ class SeededStream(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         worker = get_worker_info()
         key = stream_key(self.seed, self.epoch, self.rank, worker.id if worker is not None else 0)
-        self._yielded, self._restored_yielded = self._restored_yielded or 0, None
+        self._yielded = int(self._restored["yielded"]) if self._restored is not None else 0
         restore = self.seed_globals and self.restore_globals and worker is None
         source = iter(self.dataset)
         while True:
@@ -128,14 +127,15 @@ class SeededStream(IterableDataset[Any]):
             try:
                 randomness.begin_sample(seed, self.seed_globals)
                 sample = next(source)
-                self._restored = None  # the stream applied it: its own state is current
             except StopIteration:
+                self._restored = None
                 return
             finally:
                 randomness.end_sample()
                 if saved is not None:
                     saved.restore()
             self._yielded += 1
+            self._restored = None  # the stream read on from it: its own state is current
             yield sample
 
     def state_dict(self) -> dict[str, Any]:
@@ -145,7 +145,6 @@ class SeededStream(IterableDataset[Any]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.dataset.load_state_dict(state["stream"])  # type: ignore[attr-defined]
-        self._yielded = self._restored_yielded = int(state["yielded"])  # the state until the next sample
         self._restored = copy.deepcopy(dict(state))
 
 
