@@ -21,6 +21,7 @@ __all__ = [
     "PendingRestoreError",
     "ResumeError",
     "ResumeVerificationError",
+    "SkipError",
     "StateFormatError",
     "StreamPositionError",
     "UnfingerprintableBatchError",
@@ -145,3 +146,9 @@ class MixtureError(ResumeError):
 class WeightsDisagreementError(MixtureError):
     """Ranks set a mixture's weights differently at one call (other weights, another step): training on
     them would draw a different mixture on each rank. The message shows each rank's."""
+
+
+class SkipError(ResumeError):
+    """Skipped steps (``ResumableDataCallback(skip_steps=...)``) that cannot be honoured exactly: malformed,
+    empty or overlapping ranges, a range before the checkpoint's step, ranks given different ranges, or a
+    train input whose skipped data the library cannot pass over; raised before any step trains."""

@@ -95,6 +95,8 @@ class Leg:
     epoch: int = -1
     batch: int = -1
     num_workers: int | None = None
+    config: tuple[tuple[str, object], ...] = ()
+    """What this leg's config sets otherwise than the scenario's (``callback_options``, ``audit_dir``)."""
 
     def __post_init__(self) -> None:
         assert self.kind in LEG_KINDS, self.kind
@@ -123,6 +125,7 @@ def run_chain(run_dir: Path, scenario: Scenario, legs: Sequence[Leg]) -> tuple[R
         )
         if leg.num_workers is not None:
             config["num_workers"] = leg.num_workers
+        config.update(dict(leg.config))
         if leg.kind in ("sigterm", "interrupt"):
             config.update(leg_signal_at=[leg.epoch, leg.batch], on_exception_checkpoint=True)
         if leg.kind == "extend":

@@ -21,8 +21,10 @@ from lightning_resumable.core.order import MAX_SIZE, one_thread
 from lightning_resumable.core.passes import HandedOut, SamplerPass
 from lightning_resumable.core.randomness import SampleKey, keyed_batches, sample_seeds
 from lightning_resumable.core.resume_start import DataPlace, Start, resume_start
+from lightning_resumable.core.skips import length_in, to_stream
 from lightning_resumable.errors import PendingRestoreError
 from lightning_resumable.format._keys import cycle_seed
+from lightning_resumable.format.skips import Hole
 from lightning_resumable.format.state import DataState
 
 __all__ = ["ResumableSampler"]
@@ -106,6 +108,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
                 f" holds {self.dataset_size}"
             )
         self.sample_keys = sample_keys
+        self.holes: tuple[Hole, ...] = ()  # the stretches skipped steps took out of the stream (`core.skips`)
         # Where the current (or next) iteration's stream starts: 0 for a fresh pass, the restored
         # global position (and the trainer's batch count at that position) after load_state_dict.
         self._origin_position, self._origin_batches, self._origin_is_restored = 0, 0, False
@@ -159,8 +162,12 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
 
     @property
     def stream_length(self) -> int:
-        """Positions in the current epoch's global stream (samples, or batches for a batch sampler)."""
-        return self.draws.epoch_length(self.stream_seed, self.epoch)
+        """Positions in the current epoch's global stream (samples, or batches for a batch sampler), holes out."""
+        return self.epoch_length(self.epoch, self.stream_seed)
+
+    def epoch_length(self, epoch: int, seed: int | None = None) -> int:
+        """Positions in ``epoch``'s global stream (its first cycle's, or the one ``seed`` keys) without its holes."""
+        return self.draws.epoch_length(self.seed if seed is None else seed, epoch) - length_in(self.holes, epoch)
 
     def _samples_per_rank(self) -> int:
         """Samples this rank yields from the origin to the end of the epoch."""
@@ -212,8 +219,10 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         """This rank's indices (or keys, or batches) at global positions ``start, start + W, ... < stop``."""
         unwrapped = torch.arange(start, stop, self.num_replicas)
         # Seeds are keyed by the position before padding wraps it, so a padded repeat of an index
-        # draws other augmentations than its first occurrence.
-        drawn = self.draws(self.stream_seed, self.epoch, self._wrapped(unwrapped))
+        # draws other augmentations than its first occurrence; both in the stream without holes.
+        wrapped = to_stream(self.holes, self.epoch, self._wrapped(unwrapped))
+        unwrapped = to_stream(self.holes, self.epoch, unwrapped)
+        drawn = self.draws(self.stream_seed, self.epoch, wrapped)
         if not isinstance(drawn, torch.Tensor):  # a batch sampler's stream: each position is a whole batch
             return keyed_batches(self.stream_seed, self.epoch, drawn, unwrapped) if self.sample_keys else drawn
         indices = drawn.tolist()
@@ -255,10 +264,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
     def data_state(self, batches: int | None = None) -> DataState:
         """The state after ``batches`` batches of the current epoch were trained, as the trainer counts
         them (from the epoch's start, batches before a restore included); ``None``: the indices handed
-        out, which alone carry no anchor.
-
-        Raises:
-            ValueError: ``batches`` is fewer than the batches at the restored position.
+        out, which alone carry no anchor. A ``ValueError`` if fewer than the batches at the restored position.
         """
         anchor: tuple[int | None, int | None] = (None, None)
         if batches is None:
@@ -284,7 +290,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
 
     def state_at_start(self, epoch: int, cycle: int) -> DataState:
         """The state at the start of ``epoch``'s ``cycle``, nothing consumed."""
-        length = self.draws.epoch_length(self.seed if cycle == 0 else cycle_seed(self.seed, cycle), epoch)
+        length = self.epoch_length(epoch, self.seed if cycle == 0 else cycle_seed(self.seed, cycle))
         return self.data_state().at_start(epoch, cycle, length)
 
     def state_dict(self, batches: int | None = None) -> dict[str, Any]:
@@ -298,18 +304,12 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         empty rest (as torchdata's ``StatefulDistributedSampler``), the one after it, or ``set_epoch`` of the next
         epoch, starts anew; into a sampler already set to that next epoch, only the seed.
 
-        Raises:
-            StateFormatError: the state is malformed.
-            IncompatibleStateError: dataset size, shuffle, drop_last or batch size differ.
+        Raises ``StateFormatError`` (malformed) or ``IncompatibleStateError`` (another setup).
         """
         self.restore(DataState.from_dict(state))
 
     def restore(self, saved: DataState) -> None:
-        """`load_state_dict` of a parsed state.
-
-        Raises:
-            IncompatibleStateError: dataset size, shuffle, drop_last, batch size or draws differ.
-        """
+        """`load_state_dict` of a parsed state (an `IncompatibleStateError` if its setup differs)."""
         saved.check_same_data(self._state(0, 0, (None, None), None))  # the setup (a length may cost a pass)
         epoch_set = self.epoch
         self.seed = saved.seed

@@ -49,9 +49,14 @@ class AuditLog:
             self._file.write("\n")
             self._file.flush()
 
-    def write(self, epoch: int, batch: int, ids: Any, weights: Mapping[str, str] | None = None) -> None:
-        """One trained step; a mixture's also with the weights its samples were drawn under (``"3/10"``)."""
+    def write(
+        self, epoch: int, batch: int, ids: Any, weights: Mapping[str, str] | None = None, skipped: Any = None
+    ) -> None:
+        """One trained step; a mixture's also with the weights its samples were drawn under (``"3/10"``); the
+        first step after skipped steps with the skip (``{"steps": "a-b", "holes": [...]}``)."""
         record = {"epoch": epoch, "batch": batch, "ids": ids, **({"weights": dict(weights)} if weights else {})}
+        if skipped is not None:
+            record["skipped"] = skipped
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
@@ -113,6 +118,8 @@ def _by_step(rank: int, records: list[dict[str, Any]], name: str) -> tuple[dict[
     ids: dict[tuple[int, int], Any] = {}
     for record in records:
         step = (record["epoch"], record["batch"])
+        if "skipped" in record:  # a run rolled back and skipped data here: its steps from here on are new ones
+            ids = {earlier: read for earlier, read in ids.items() if earlier < step}
         read = record["ids"] if "weights" not in record else {"ids": record["ids"], "weights": record["weights"]}
         if step in ids and ids[step] != read:
             return ids, (

@@ -10,7 +10,8 @@ The envelope (``format`` 1, from 0.3.0)::
     {"format": 1, "kind": "loader" | "loaders" | "stream" | "mixture" | "unresumable", "keys": 1,
      "state": <the kind's state>,             # not for "unresumable"
      "reason": "...",                         # "unresumable" only: why no state could be written
-     "partial_accumulation": {...}}           # a save inside a gradient accumulation window
+     "partial_accumulation": {...},           # a save inside a gradient accumulation window
+     "skips": [{"steps": [a, b], "holes": [[epoch, start, length], ...]}, ...]}  # skipped steps (0.4.0 on)
 
 ``keys``: the key derivation (`lightning_resumable.format._keys`) the stream was drawn with. Before 0.3.0
 there was no envelope: the kind was told by its keys (``train``, ``loaders``, ``stream`` or
@@ -28,6 +29,7 @@ from lightning_resumable.format._keys import DERIVATION_VERSION, check_version
 from lightning_resumable.format._parsing import Kind, mapping_of, require_keys
 from lightning_resumable.format.loader_state import TRAIN, BatchFingerprint, LoaderState
 from lightning_resumable.format.mixture_state import MixtureRecord, MixtureState
+from lightning_resumable.format.skips import Skip, skips_from_list
 from lightning_resumable.format.stream_state import GLOBAL_POSITION_ATTRIBUTE, StreamState
 
 __all__ = [
@@ -57,6 +59,7 @@ KEYS_VERSION = DERIVATION_VERSION
 # The envelope's keys, and the keys of the states inside it.
 FORMAT, KIND, KEYS, STATE, REASON = "format", "kind", "keys", "state", "reason"
 PARTIAL_ACCUMULATION = "partial_accumulation"
+SKIPS = "skips"
 SEED, MODE, LOADERS = "seed", "mode", "loaders"
 STREAM, UNRESUMABLE = "stream", "unresumable"
 
@@ -129,6 +132,9 @@ class Envelope:
     reason: str | None = None
     partial_accumulation: PartialAccumulation | None = None
     keys: int = KEYS_VERSION
+    skips: tuple[Skip, ...] = ()
+    """The skipped step ranges of the run (`lightning_resumable.format.skips`); written only when there are some,
+    so a release before them refuses a checkpoint whose stream it would read without its holes."""
 
     @property
     def kind(self) -> Kind:
@@ -147,6 +153,8 @@ class Envelope:
             raw[STATE] = self.state.to_dict()
         if self.partial_accumulation is not None:
             raw[PARTIAL_ACCUMULATION] = asdict(self.partial_accumulation)
+        if self.skips:
+            raw[SKIPS] = [skip.to_dict() for skip in self.skips]
         return raw
 
 
@@ -193,8 +201,9 @@ def parse(raw: object) -> Envelope:
         return Envelope(None, reason=raw[REASON], partial_accumulation=partial, keys=keys)
     if not isinstance(kind, str) or kind not in _BODIES:  # a list is unhashable: no `in` before the type
         raise StateFormatError(f"unknown kind of data state {kind!r:.200} (known: {sorted([*_BODIES, UNRESUMABLE])})")
-    require_keys(raw, {FORMAT, KIND, KEYS, STATE}, {PARTIAL_ACCUMULATION}, f"a data state of kind {kind!r}")
-    return Envelope(_BODIES[kind].from_dict(raw[STATE]), partial_accumulation=partial, keys=keys)
+    require_keys(raw, {FORMAT, KIND, KEYS, STATE}, {PARTIAL_ACCUMULATION, SKIPS}, f"a data state of kind {kind!r}")
+    skips = skips_from_list(raw[SKIPS]) if SKIPS in raw else ()
+    return Envelope(_BODIES[kind].from_dict(raw[STATE]), partial_accumulation=partial, keys=keys, skips=skips)
 
 
 def _parse_unversioned(raw: Mapping[str, Any], partial: PartialAccumulation | None) -> Envelope:

@@ -27,6 +27,7 @@ from lightning_resumable.errors import (
 )
 from lightning_resumable.format.audit import AuditLog
 from lightning_resumable.format.envelope import STATE_KEY, Body, Envelope, parse
+from lightning_resumable.format.skips import StepRanges
 from lightning_resumable.internals._lightning import (
     batches_processed,
     rebuild_train_loader,
@@ -45,6 +46,7 @@ from lightning_resumable.lightning.progress import (
     saved_world_size,
 )
 from lightning_resumable.lightning.signals import HeldPreemption
+from lightning_resumable.lightning.skipping import SkippedSteps
 from lightning_resumable.lightning.train_input import TrainOwner
 from lightning_resumable.lightning.world_size import check_world_size
 from lightning_resumable.readers.quiet_fork import ForkGuard
@@ -55,29 +57,26 @@ __all__ = ["ResumableDataCallback"]
 class ResumableDataCallback(MixtureWeights, pl.Callback):
     """Makes a resumed run continue as if never interrupted: same batches, same content, same steps.
 
-    On save it records the train input's global state (seed, epoch, samples consumed by all ranks,
-    the setup), counting the batches the trainer really completed rather than what the loader
-    prefetched, and a fingerprint of the batch each rank trains next. On restore it hands that state
-    to the loader `ResumableDataModule` builds, before its iterator exists; at ``on_train_start`` it
-    checks that the trainer resumed where the data did and that the next batches match their
-    fingerprints. What depends on the kind of train input (one loader, several, a stream) is the
-    `lightning_resumable.lightning.owners` owner's. Randomness is derived, never stored: a sample is fetched
-    under a seed of ``(seed, epoch, global position)``, a step starts from ``(seed, epoch, batch)``.
+    On save it records the train input's global state (seed, epoch, samples all ranks trained, the setup)
+    and a fingerprint of the batch each rank trains next; on restore it hands that state to the loader
+    `ResumableDataModule` builds, before its iterator exists, and at ``on_train_start`` checks where the
+    trainer resumed and the next batches (the kind of train input is its `lightning_resumable.lightning.owners`
+    owner's). Randomness is derived: a sample is fetched under a seed of ``(seed, epoch, global position)``.
 
     Args:
         allow_world_size_change: resume on a different number of processes (logged once on rank 0);
             ``False`` raises `WorldSizeChangedError` instead.
         seed_samples: seed torch's CPU generator, ``random`` and NumPy's global ``RandomState``
             before each sample is fetched, so augmentations are exact (``sample_rng()`` works either way).
-        seed_steps: reseed those generators (and CUDA's) at the start of every training step, so
-            dropout is exact, and at its end, so what runs between steps (a validation whose loader
-            shuffles or augments from them) is exact too, a resume seeding them as the step it follows
-            left them. Every rank gets the same seed, as with ``seed_everything``.
+        seed_steps: reseed those generators (and CUDA's) at the start of every training step (dropout is
+            exact) and at its end (what runs between steps too), the same seed on every rank.
         verify: record the next batch's fingerprint at every save and compare it on resume.
         audit_dir: where each rank appends, per trained step, its epoch, batch index and sample ids
             (``audit.rank{R}.jsonl``; ``python -m lightning_resumable compare`` compares two runs).
-        allow_inexact_streams: deprecated, no effect: the one stream it accepted, a Hugging Face stream
-            with a shuffle buffer, resumes exactly now; ``True`` warns (removed in 0.4.0).
+        allow_inexact_streams: deprecated, no effect (every stream resumes exactly); ``True`` warns.
+        skip_steps: steps whose data to pass over, as the resumed run numbered them (``global_step``):
+            ``"40701-40900"``, ``[40701, 40900]`` or a list; at the range's first step its data is passed over,
+            and that step trains what the spiking run trained after it (Long runs). Kept in the checkpoint.
 
     Raises:
         MissingStateError: resuming a checkpoint written without this callback.
@@ -86,6 +85,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         ResumeVerificationError: before the first resumed step, a batch differs from its fingerprint.
         MissingCallbackError: training starts without a ``ResumableDataModule`` train loader.
         ContractViolationError: an object in the train loader persists a derived quantity.
+        SkipError: ``skip_steps`` cannot be honoured (malformed, before the checkpoint's step), before any step.
         PartialAccumulationError: the checkpoint was saved inside a gradient accumulation window.
 
     Every other refusal has a class of its own (the Exceptions page). ``state_dict`` is collective
@@ -110,6 +110,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         verify: bool = True,
         audit_dir: str | None = None,
         allow_inexact_streams: bool = False,
+        skip_steps: StepRanges = None,
     ) -> None:
         self.allow_world_size_change = allow_world_size_change
         self.seed_samples = seed_samples
@@ -117,6 +118,8 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         self.verify = verify
         self.audit_dir = audit_dir
         warn_if_inexact_streams_allowed(allow_inexact_streams)
+        self.skip_steps = skip_steps
+        self._skips = SkippedSteps(skip_steps)  # the ranges given, checked now; the skips in force in a fit
         self._audit: AuditLog | None = None
         self._trainer: pl.Trainer | None = None
         self._owner: TrainOwner | None = None  # built with the loaders by train_dataloader()
@@ -131,8 +134,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
 
     def __getstate__(self) -> dict[str, Any]:
         """A pickled callback (``torch.save(trainer)``) carries its options and seed; what it holds for the
-        fit in this process (the trainer, the loaders' owner, open audit files, signal handlers) is
-        left behind, as a new process has none of it."""
+        fit in this process (the trainer, the loaders' owner, audit files, signal handlers) is left behind."""
         state = self.__dict__.copy()
         state.update(_audit=None, _trainer=None, _owner=None, _batches=BatchCount(), _preemption=HeldPreemption())
         state.update(_started=False, _captured=None, _forks=ForkGuard(), _loops=RestoredLoops())
@@ -174,11 +176,10 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
             if restored is None:  # its stream continues, where it is not a pure function of the epoch
                 restored, verify = previous.carried(current_epoch), False
         if restored is None:
-            owner.start_fresh(current_epoch)
+            self._skips.take(owner, self._trainer, lambda: owner.start_fresh(current_epoch))
             return
-        owner.restore_saved(
-            restored, current_epoch, verify, functools.partial(check_world_size, self.allow_world_size_change)
-        )
+        policy = functools.partial(check_world_size, self.allow_world_size_change)
+        self._skips.take(owner, self._trainer, lambda: owner.restore_saved(restored, current_epoch, verify, policy))
         self._seed = restored.seed
 
     # ----------------------------------------------------------------------------- persisting
@@ -190,6 +191,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
             # Each fit builds its train loader anew (a second fit on the same trainer too): forget the last one's.
             self._owner, self._pending, self._batches = None, None, BatchCount()
             self._started, self._captured, self._loops = False, None, RestoredLoops()
+            self._skips.new_fit()
             self._forks.start()  # the validation loaders' workers fork after the batches' collectives too
             self._preemption.hold(trainer, lambda: self._capture(trainer))  # before the restore, the first workers
 
@@ -202,7 +204,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         trainer = self._trainer
         if trainer is None or self._owner is None:
             # Nothing trained yet in this process: keep a restored state that was not applied.
-            return Envelope(self._pending).to_dict() if self._pending is not None else {}
+            return Envelope(self._pending, skips=self._skips.checkpoint or ()).to_dict() if self._pending else {}
         if self._captured is not None:
             return self._captured
         batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
@@ -212,7 +214,8 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         assert self._owner is not None
         at = SavePoint.of(trainer, self.shuffle_seed(trainer), batches, collective, self.verify)
         with global_generators_kept():  # a save fetches the next batch again: it must not change the run's draws
-            return self._owner.envelope(at, lambda ended: partial_accumulation(trainer, batches, ended)).to_dict()
+            envelope = self._owner.envelope(at, lambda ended: partial_accumulation(trainer, batches, ended))
+            return self._skips.enveloped(envelope).to_dict()
 
     def _capture(self, trainer: pl.Trainer, collective: bool = True) -> None:
         """Every rank's data state where all ranks act on a preemption (collective), or on one rank before an exception
@@ -241,7 +244,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         refuse_partial_accumulation(envelope.partial_accumulation)
         if self._owner is not None:
             self._discard_early_loader()
-        self._pending = envelope.state
+        self._pending, self._skips.checkpoint = envelope.state, envelope.skips
 
     def _discard_early_loader(self) -> None:
         """A strategy that restores after ``setup`` (FSDP, ``ModelParallelStrategy``, DeepSpeed) may have built
@@ -298,6 +301,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
             self._owner.batch_started(batch_idx)
         if self.seed_steps and self._seed is not None:
             seed_training_step(self._seed, trainer.current_epoch, batch_idx)
+        self._skips.step_started(trainer.global_step, batch_idx % trainer.accumulate_grad_batches == 0)
 
     @override
     def on_train_batch_end(
@@ -307,7 +311,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
             self._audit = self._audit or AuditLog(self.audit_dir, trainer.global_rank)
             epoch_batch_idx = self._batches.of(trainer.current_epoch, batch_idx)
             ids, weights = self._owner.trained_ids(batch, epoch_batch_idx), self._owner.weights_of(epoch_batch_idx)
-            self._audit.write(trainer.current_epoch, epoch_batch_idx, ids, weights)
+            self._audit.write(trainer.current_epoch, epoch_batch_idx, ids, weights, self._skips.audit_mark())
         if self._owner is not None:  # every rank is here, at the same batch
             batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
             boundary = partial_accumulation(trainer, batches, batches >= trainer.num_training_batches) is None

@@ -22,7 +22,9 @@ from torch.utils.data import DataLoader
 
 from lightning_resumable.core.resume_start import DataPlace, Start, resume_start
 from lightning_resumable.core.sampler import ResumableSampler
-from lightning_resumable.errors import IncompatibleStateError
+from lightning_resumable.core.skips import Layout
+from lightning_resumable.core.step_layout import sampler_layout
+from lightning_resumable.errors import IncompatibleStateError, SkipError
 from lightning_resumable.format.envelope import (
     Body,
     Envelope,
@@ -33,6 +35,7 @@ from lightning_resumable.format.envelope import (
     StreamState,
     Unresumable,
 )
+from lightning_resumable.format.skips import Hole
 from lightning_resumable.format.state import DataState
 from lightning_resumable.lightning.combined import loader_position
 from lightning_resumable.lightning.progress import SavePoint
@@ -126,6 +129,22 @@ class Owner(ABC, Generic[S]):
     def retire_workers(self) -> None:
         """At the end of the fit: end the loaders' workers (none may outlive the fit)."""
 
+    # ---------------------------------------------------------------------- skipped steps
+    def set_holes(self, holes: tuple[Hole, ...]) -> None:
+        """Read the stream around ``holes`` (`lightning_resumable.core.skips`), before the loaders are iterated."""
+        raise SkipError(
+            f"skipped steps are supported for one map-style train loader or a Mixture; the train input is"
+            f" {self.state_type.described}"
+        )
+
+    def layout(self, step: int, accumulate: int, limit: int | float | None) -> Layout:
+        """How the steps from ``step`` (the next to train) lie in the stream."""
+        raise SkipError(f"skipped steps are not supported for {self.state_type.described}")
+
+    def skip_verification(self) -> None:
+        """The next batch follows a skip made now: it is not the one the checkpoint fingerprinted."""
+        return None
+
 
 def _where(state: DataState) -> str:
     return f"at epoch {state.epoch}, global position {state.position}"
@@ -176,6 +195,16 @@ class LoaderOwner(Owner[LoaderState]):
 
     def retire_workers(self) -> None:
         retire_previous(self.owned.loader)
+
+    def set_holes(self, holes: tuple[Hole, ...]) -> None:
+        self.sampler.holes = holes
+
+    def layout(self, step: int, accumulate: int, limit: int | float | None) -> Layout:
+        return sampler_layout(self.sampler, step, accumulate, limit)
+
+    def skip_verification(self) -> None:
+        self.owned.to_verify = None
+        self.owned.verifying_produced = False
 
     def rebuild_at_epoch_end(self, epoch: int) -> bool:
         if self.resized_epoch == epoch:

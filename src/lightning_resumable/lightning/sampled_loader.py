@@ -224,5 +224,4 @@ class SampledLoader:
         return self.sampler.cycle * len(self.loader) + origin_batches
 
     def next_epoch_differs_in_length(self, epoch: int) -> bool:
-        draws, seed = self.sampler.draws, self.sampler.seed
-        return draws.epoch_length(seed, epoch + 1) != draws.epoch_length(seed, epoch)
+        return self.sampler.epoch_length(epoch + 1) != self.sampler.epoch_length(epoch)  # holes out

@@ -1,0 +1,108 @@
+"""Skipped steps in a fit (``ResumableDataCallback(skip_steps=...)``): checked, planned, applied, recorded.
+
+Promise: the ranges a user gives are checked before any step trains, on every rank alike (malformed,
+empty or overlapping ranges, a range before the step the run resumes at, ranks given different ranges: a
+`SkipError`, the checkpoint untouched), planned into holes (`lightning_resumable.core.skips`) from where the
+run stands, handed to the train input's sampler before its iterator exists, and recorded with the data
+state: a later resume keeps them without their being given again, and a range given again as recorded is
+the checkpoint's, not a new one (a LightningCLI config keeps its ``skip_steps``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
+
+from lightning_resumable.core.skips import plan
+from lightning_resumable.core.verification import all_gather_objects
+from lightning_resumable.errors import SkipError
+from lightning_resumable.format.envelope import Envelope
+from lightning_resumable.format.skips import Hole, Skip, StepRanges, step_ranges
+
+__all__ = ["SkippedSteps", "holes_of"]
+
+
+def holes_of(skips: Sequence[Skip]) -> tuple[Hole, ...]:
+    """Every hole of ``skips``, in the order they were made."""
+    return tuple(hole for skip in skips for hole in skip.holes)
+
+
+class SkippedSteps:
+    """The callback's skips: the ranges given, the skips in force in this fit, and a checkpoint's not applied yet.
+
+    Raises:
+        SkipError: ``given`` is malformed, holds an empty range or overlapping ones.
+    """
+
+    def __init__(self, given: StepRanges) -> None:
+        self.ranges = step_ranges(given)
+        self.recorded: tuple[Skip, ...] = ()  # in force in this fit, in the order they were made
+        self.checkpoint: tuple[Skip, ...] | None = None  # restored, not yet applied
+        self._planned = False  # the given ranges were planned in this fit
+        self._mark: dict[str, Any] | None = None  # the skip whose first step trains now, for the audit log
+
+    def new_fit(self) -> None:
+        self.recorded, self.checkpoint, self._planned, self._mark = (), None, False, None
+
+    def take(self, owner: Any, trainer: pl.Trainer | None, position: Callable[[], None]) -> None:
+        """Give ``owner`` the holes in force, run ``position`` (its restore or fresh start), then plan the given
+        ranges from there (once per fit) and give it their holes too."""
+        if self.checkpoint is not None:
+            self.recorded, self.checkpoint = self.checkpoint, None
+        if self.recorded or self.ranges:
+            owner.set_holes(holes_of(self.recorded))
+        position()
+        if self._planned or trainer is None:  # None: a loader taken outside a fit, as tests do
+            return
+        self._planned = True
+        self._agree()
+        known = {skip.steps for skip in self.recorded}
+        new = [each for each in self.ranges if each not in known]
+        if not new:
+            return
+        step = trainer.global_step
+        for each in new:
+            if each.first < step:
+                raise SkipError(
+                    f"the skipped steps {each} start before step {step}, where the run resumes: resume from a"
+                    f" checkpoint saved at or before step {each.first} (the checkpoint was left as it was)"
+                )
+            clash = [s.steps for s in self.recorded if not (each.last < s.steps.first or s.steps.last < each.first)]
+            if clash:
+                raise SkipError(f"the skipped steps {each} overlap the checkpoint's skipped steps {clash[0]}")
+        layout = owner.layout(step, trainer.accumulate_grad_batches, trainer.limit_train_batches)
+        made = plan(new, layout)
+        self.recorded = (*self.recorded, *made)
+        owner.set_holes(holes_of(self.recorded))
+        if any(skip.at == step for skip in made):
+            owner.skip_verification()  # the next batch is the one after the skip, not the checkpoint's
+        for skip in made:
+            rank_zero_info(
+                f"lightning_resumable: steps {skip.steps} ({skip.steps.steps} steps) will be skipped: their data"
+                f" ({sum(hole.length for hole in skip.holes):,} positions) is passed over at step {skip.at}"
+            )
+
+    def _agree(self) -> None:
+        given = [str(each) for each in self.ranges]
+        every = all_gather_objects(given)
+        if any(each != given for each in every):
+            shown = "; ".join(f"rank {rank}: {','.join(each) or 'none'}" for rank, each in enumerate(every))
+            raise SkipError(f"the ranks were given different skipped steps ({shown}): give every rank the same")
+
+    def step_started(self, step: int, first_of_step: bool) -> None:
+        """Batch of ``step`` begins: if it is the first step after a skip, the audit log marks it."""
+        found = [skip for skip in self.recorded if skip.at == step] if first_of_step else []
+        self._mark = {"steps": str(found[0].steps), "holes": [h.to_list() for h in found[0].holes]} if found else None
+
+    def audit_mark(self) -> dict[str, Any] | None:
+        """What the audit log records of the skip the step in training follows (once)."""
+        mark, self._mark = self._mark, None
+        return mark
+
+    def enveloped(self, envelope: Envelope) -> Envelope:
+        """``envelope`` with the skips in force recorded (a state that holds none keeps none)."""
+        return replace(envelope, skips=self.recorded) if envelope.state is not None and self.recorded else envelope

@@ -1,0 +1,64 @@
+"""Loss-spike recovery, end to end on 2 processes: a run rolled back to a checkpoint and resumed with
+``skip_steps`` trains, step for step, what a reference run given the same skips from the start trains (ids,
+augmentation values, loss bits, validations), also after a further kill and resume of the recovered run; and
+the audit logs of both compare identical. A range before the checkpoint's step is refused before any step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lightning_resumable.format.audit import first_divergence, read_audit
+
+from .chains import Leg, run_chain
+from .harness import Runner, Scenario, read_records
+
+SKIPS = "3-6,9-10"
+"""Steps as the spiking run numbers them: 5 batches a rank and epoch, so 3-6 crosses the end of epoch 0 (its
+batches 3 and 4, epoch 1's 0 and 1) and 9-10 the end of epoch 1 (its batch 4, epoch 2's 0)."""
+
+
+def skipping(scenario: Scenario, audit: Path) -> tuple[tuple[str, object], ...]:
+    return (("callback_options", [*scenario.callback_options, ("skip_steps", SKIPS)]), ("audit_dir", str(audit)))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_run_rolled_back_and_resumed_with_skips_equals_the_run_given_them_from_the_start(
+    runner: Runner, workers: int
+) -> None:
+    scenario = Scenario(world_size=2, num_workers=workers, epochs=3, extra_saves_every=2)
+    root = runner.root / f"skips-map-workers{workers}"
+    reference = run_chain(root / "reference", scenario, [Leg("end", config=skipping(scenario, root / "audit-ref"))])
+    # The spiking run saves at step 2 (after batch 1) and goes on; it is rolled back to that checkpoint.
+    spiking = [Leg("batch_end", epoch=0, batch=1, config=(("audit_dir", str(root / "audit-rec")),))]
+    recovered = [
+        *spiking,
+        Leg("kill", epoch=1, batch=1, config=skipping(scenario, root / "audit-rec")),  # the recovered run killed
+        Leg("end", config=skipping(scenario, root / "audit-rec")),
+    ]
+    steps, validations = run_chain(root / "recovered", scenario, recovered)
+    assert [len(each) for each in reference[0].values()] == [9, 9], "the reference did not skip 6 steps of 15"
+    for rank in reference[0]:
+        assert steps[rank] == reference[0][rank], f"rank {rank}: the recovered run trained other steps"
+        assert validations[rank] == reference[1][rank], f"rank {rank}: other validations"
+    # What was skipped is the spiking run's steps 3-6 and 9-10: the others train its ids and augmentations.
+    spiking_run = run_chain(root / "spiking", scenario, [Leg("end")])[0]
+    kept = [0, 1, 2, 7, 8, 11, 12, 13, 14]
+    for rank in spiking_run:
+        want = [{k: spiking_run[rank][step][k] for k in ("ids", "aug")} for step in kept]
+        assert [{k: step[k] for k in ("ids", "aug")} for step in steps[rank]] == want, f"rank {rank}"
+    assert first_divergence(read_audit(root / "audit-ref"), read_audit(root / "audit-rec")) is None
+    marks = [json.loads(line) for line in (root / "audit-rec" / "audit.rank0.jsonl").read_text().splitlines()]
+    assert [mark["skipped"]["steps"] for mark in marks if "skipped" in mark] == ["3-6", "9-10"]
+
+
+def test_a_range_before_the_checkpoints_step_is_refused_before_any_step(runner: Runner) -> None:
+    scenario = Scenario(world_size=2, num_workers=0, epochs=3)
+    root = runner.root / "skips-refused"
+    legs = [Leg("batch_end", epoch=0, batch=2), Leg("end", config=(("callback_options", [("skip_steps", "1-4")]),))]
+    with pytest.raises(AssertionError, match="exited") as raised:
+        run_chain(root, scenario, legs)
+    assert "SkipError: the skipped steps 1-4 start before step 3, where the run resumes" in str(raised.value)
+    assert read_records(root, "leg1", 2) == {0: [], 1: []}, "a step trained before the refusal"
