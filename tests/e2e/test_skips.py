@@ -6,6 +6,7 @@ the audit logs of both compare identical. A range before the checkpoint's step i
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,25 @@ from lightning_resumable.format.audit import first_divergence, read_audit
 from .chains import Leg, run_chain
 from .harness import Runner, Scenario, read_records
 
-SKIPS = "3-6,9-10"
+SKIPPED = ((3, 6), (9, 10))
 """Steps as the spiking run numbers them: 5 batches a rank and epoch, so 3-6 crosses the end of epoch 0 (its
 batches 3 and 4, epoch 1's 0 and 1) and 9-10 the end of epoch 1 (its batch 4, epoch 2's 0)."""
+SKIPS = ",".join(f"{first}-{last}" for first, last in SKIPPED)
+FIRST = (("a", 5), ("b", 3), ("c", 2))
+SHIFTED = (("a", 1), ("b", 1), ("c", 6))
+CASES = {
+    "map": Scenario(world_size=2, epochs=3, extra_saves_every=2),
+    # The schedule changes at steps 5 and 10, each inside a range: as the stream counts steps, skipped ones included.
+    "mixture": Scenario(
+        world_size=2,
+        epochs=3,
+        extra_saves_every=2,
+        data="mixture",
+        mixture_weights=((0, FIRST), (5, SHIFTED), (10, FIRST)),
+    ),
+}
+"""5 batches a rank and epoch each: a map-style loader (each epoch a permutation, so a skip shortens its epochs)
+and a mixture with a schedule by steps (one stream: its epochs keep their length, the stream goes on after a skip)."""
 
 
 def skipping(scenario: Scenario, audit: Path) -> tuple[tuple[str, object], ...]:
@@ -25,11 +42,12 @@ def skipping(scenario: Scenario, audit: Path) -> tuple[tuple[str, object], ...]:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("data", sorted(CASES))
 def test_a_run_rolled_back_and_resumed_with_skips_equals_the_run_given_them_from_the_start(
-    runner: Runner, workers: int
+    runner: Runner, data: str, workers: int
 ) -> None:
-    scenario = Scenario(world_size=2, num_workers=workers, epochs=3, extra_saves_every=2)
-    root = runner.root / f"skips-map-workers{workers}"
+    scenario = replace(CASES[data], num_workers=workers)
+    root = runner.root / f"skips-{data}-workers{workers}"
     reference = run_chain(root / "reference", scenario, [Leg("end", config=skipping(scenario, root / "audit-ref"))])
     # The spiking run saves at step 2 (after batch 1) and goes on; it is rolled back to that checkpoint.
     spiking = [Leg("batch_end", epoch=0, batch=1, config=(("audit_dir", str(root / "audit-rec")),))]
@@ -39,16 +57,18 @@ def test_a_run_rolled_back_and_resumed_with_skips_equals_the_run_given_them_from
         Leg("end", config=skipping(scenario, root / "audit-rec")),
     ]
     steps, validations = run_chain(root / "recovered", scenario, recovered)
-    assert [len(each) for each in reference[0].values()] == [9, 9], "the reference did not skip 6 steps of 15"
     for rank in reference[0]:
         assert steps[rank] == reference[0][rank], f"rank {rank}: the recovered run trained other steps"
         assert validations[rank] == reference[1][rank], f"rank {rank}: other validations"
-    # What was skipped is the spiking run's steps 3-6 and 9-10: the others train its ids and augmentations.
-    spiking_run = run_chain(root / "spiking", scenario, [Leg("end")])[0]
-    kept = [0, 1, 2, 7, 8, 11, 12, 13, 14]
+    # What was skipped is the spiking run's steps 3-6 and 9-10: the others train its ids and augmentations (a
+    # mixture's run goes on in its stream: the spiking run is run two epochs longer to hold them).
+    spiking_run = run_chain(root / "spiking", replace(scenario, epochs=scenario.epochs + 2), [Leg("end")])[0]
     for rank in spiking_run:
-        want = [{k: spiking_run[rank][step][k] for k in ("ids", "aug")} for step in kept]
+        kept = [s for s in range(len(spiking_run[rank])) if not any(a <= s <= b for a, b in SKIPPED)]
+        want = [{k: spiking_run[rank][step][k] for k in ("ids", "aug")} for step in kept][: len(steps[rank])]
         assert [{k: step[k] for k in ("ids", "aug")} for step in steps[rank]] == want, f"rank {rank}"
+    expected_steps = 9 if data == "map" else 15  # a map-style epoch shortened by what it skipped; a mixture's not
+    assert [len(each) for each in steps.values()] == [expected_steps] * 2
     assert first_divergence(read_audit(root / "audit-ref"), read_audit(root / "audit-rec")) is None
     marks = [json.loads(line) for line in (root / "audit-rec" / "audit.rank0.jsonl").read_text().splitlines()]
     assert [mark["skipped"]["steps"] for mark in marks if "skipped" in mark] == ["3-6", "9-10"]

@@ -21,6 +21,7 @@ from lightning_resumable.core.mixture_stream import MixtureStream, Segment, real
 from lightning_resumable.core.randomness import sample_seeds
 from lightning_resumable.core.sampler import ResumableSampler
 from lightning_resumable.core.schedule import StepClock
+from lightning_resumable.core.skips import from_stream, position_in_stream, to_stream
 from lightning_resumable.format.state import DataState
 
 __all__ = ["MIXTURE_DRAWS", "MixtureSampler"]
@@ -145,7 +146,8 @@ class MixtureSampler(ResumableSampler):
     def batch_position(self, batch: int) -> int:
         """The stream position of the first sample of global batch ``batch`` of the current epoch (the
         trainer's count: after a restore on another world size, the batches before it in the old size's)."""
-        return self.epoch_start(self.epoch) + self._origin_position + (batch - self._origin_batches) * self.global_batch
+        trained = self._origin_position + (batch - self._origin_batches) * self.global_batch
+        return position_in_stream(self.holes, None, self.epoch_start(self.epoch) + trained)
 
     @property
     def first_batch(self) -> int:
@@ -154,7 +156,7 @@ class MixtureSampler(ResumableSampler):
 
     def _element_at(self, position: int) -> int:
         """The place in this rank's pass of its first sample at or after stream ``position``."""
-        offset = position - self.epoch_start(self.epoch) - self._origin_position
+        offset = from_stream(self.holes, None, position) - self.epoch_start(self.epoch) - self._origin_position
         batch, within = divmod(max(0, offset), self.global_batch)
         own = self.rank * self.batch_size
         return batch * self.batch_size + min(max(0, within - own), self.batch_size)
@@ -180,7 +182,11 @@ class MixtureSampler(ResumableSampler):
     def window_start(self, position: int, batches: int) -> int:
         """The first stream position at or after ``position`` (a batch's start, in this epoch or a later
         one) where a window of ``batches`` batches of its epoch begins, as the trainer counts an epoch's
-        batches from 0 (``accumulate_grad_batches``)."""
+        batches from 0 (``accumulate_grad_batches``); positions of the stream, the run's skipped data counted."""
+        found = self._window_start(from_stream(self.holes, None, position), batches)
+        return position_in_stream(self.holes, None, found)
+
+    def _window_start(self, position: int, batches: int) -> int:
         epoch = self.epoch
         while position >= self.epoch_start(epoch + 1):
             epoch += 1
@@ -195,7 +201,7 @@ class MixtureSampler(ResumableSampler):
     # ---------------------------------------------------------------------------- the stream
     def stream_position(self, position: int) -> int:
         """The stream position of ``position`` of the current epoch."""
-        return self.epoch_start(self.epoch) + position
+        return position_in_stream(self.holes, None, self.epoch_start(self.epoch) + position)
 
     def _chunk_between(self, start: int, stop: int) -> list[Any]:
         """This rank's samples at its places ``start, start + W, ... < stop`` (as `ResumableSampler` counts
@@ -209,7 +215,7 @@ class MixtureSampler(ResumableSampler):
         )
         batches, within = torch.div(places, self.batch_size, rounding_mode="floor"), places % self.batch_size
         positions = self._origin_position + batches * self.global_batch + self.rank * self.batch_size + within
-        positions += self.epoch_start(self.epoch)
+        positions = to_stream(self.holes, None, positions + self.epoch_start(self.epoch))  # skipped data passed over
         indices = self.stream.indices(positions).tolist()
         if not self.sample_keys:
             return list(indices)

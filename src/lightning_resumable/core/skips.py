@@ -16,37 +16,17 @@ from dataclasses import dataclass
 import torch
 
 from lightning_resumable.errors import SkipError
-from lightning_resumable.format.skips import Hole, Skip, StepRange
+from lightning_resumable.format.skips import Hole, Skip, StepRange, from_stream, hole_of, position_in_stream
 
-__all__ = ["Layout", "from_stream", "length_in", "plan", "to_stream"]
-
-
-def _of(hole: Hole, epoch: int | None) -> bool:
-    return hole.epoch is None or hole.epoch == epoch
+__all__ = ["Layout", "from_stream", "length_in", "plan", "position_in_stream", "to_stream"]
 
 
 def to_stream(holes: Sequence[Hole], epoch: int | None, positions: torch.Tensor) -> torch.Tensor:
     """The positions of the stream without holes that the run's ``positions`` of ``epoch`` read."""
     for hole in reversed(holes):  # each hole is given in the stream the earlier ones left
-        if _of(hole, epoch) and hole.length:
+        if hole_of(hole, epoch) and hole.length:
             positions = torch.where(positions >= hole.start, positions + hole.length, positions)
     return positions
-
-
-def position_in_stream(holes: Sequence[Hole], epoch: int | None, position: int) -> int:
-    """`to_stream` of one position."""
-    for hole in reversed(holes):
-        if _of(hole, epoch) and position >= hole.start:
-            position += hole.length
-    return position
-
-
-def from_stream(holes: Sequence[Hole], epoch: int | None, position: int) -> int:
-    """The run's position of stream ``position`` (one inside a hole: the run's first position after it)."""
-    for hole in holes:
-        if _of(hole, epoch) and position >= hole.start:
-            position = max(hole.start, position - hole.length)
-    return position
 
 
 def length_in(holes: Sequence[Hole], epoch: int) -> int:

@@ -8,6 +8,7 @@ skip planner (`lightning_resumable.core.skips`) and ``batches`` (`lightning_resu
 
 from __future__ import annotations
 
+from lightning_resumable.core.mixture_sampler import MixtureSampler, whole_batches
 from lightning_resumable.core.sampler import ResumableSampler
 from lightning_resumable.core.skips import Layout
 
@@ -19,6 +20,8 @@ def epoch_batches(sampler: ResumableSampler, epoch: int, limit: int | float | No
     ``limit_train_batches``); the current epoch's from its start, batches before a restore included."""
     if epoch == sampler.epoch:
         samples = len(sampler)
+    elif isinstance(sampler, MixtureSampler):  # whole global batches of the nominal length
+        samples = whole_batches(sampler.draws.length, sampler.global_batch) // sampler.num_replicas
     else:
         length, ranks = sampler.epoch_length(epoch), sampler.num_replicas
         samples = length // ranks if sampler.drop_last else -(-length // ranks)
@@ -33,9 +36,13 @@ def sampler_layout(sampler: ResumableSampler, step: int, accumulate: int, limit:
     epoch, position, batches = sampler.origin
     global_batch = sampler.batch_size * sampler.num_replicas
 
-    def position_of(at_epoch: int, batch: int) -> int:
-        return position + (batch - batches) * global_batch if at_epoch == epoch else batch * global_batch
+    mixture = isinstance(sampler, MixtureSampler)  # one stream: a position counts from the run's start
 
-    return Layout(
-        step, epoch, batches, accumulate, lambda e: epoch_batches(sampler, e, limit), position_of, sampler.epoch_length
-    )
+    def position_of(at_epoch: int, batch: int) -> int:
+        within = position + (batch - batches) * global_batch if at_epoch == epoch else batch * global_batch
+        return within + (sampler.epoch_start(at_epoch) if isinstance(sampler, MixtureSampler) else 0)
+
+    def batches_in(at_epoch: int) -> int:
+        return epoch_batches(sampler, at_epoch, limit)
+
+    return Layout(step, epoch, batches, accumulate, batches_in, position_of, sampler.epoch_length, one_stream=mixture)

@@ -29,7 +29,7 @@ from lightning_resumable.format._keys import DERIVATION_VERSION, check_version
 from lightning_resumable.format._parsing import Kind, mapping_of, require_keys
 from lightning_resumable.format.loader_state import TRAIN, BatchFingerprint, LoaderState
 from lightning_resumable.format.mixture_state import MixtureRecord, MixtureState
-from lightning_resumable.format.skips import Skip, skips_from_list
+from lightning_resumable.format.skips import Skip, position_in_stream, skips_from_list
 from lightning_resumable.format.stream_state import GLOBAL_POSITION_ATTRIBUTE, StreamState
 
 __all__ = [
@@ -203,7 +203,10 @@ def parse(raw: object) -> Envelope:
         raise StateFormatError(f"unknown kind of data state {kind!r:.200} (known: {sorted([*_BODIES, UNRESUMABLE])})")
     require_keys(raw, {FORMAT, KIND, KEYS, STATE}, {PARTIAL_ACCUMULATION, SKIPS}, f"a data state of kind {kind!r}")
     skips = skips_from_list(raw[SKIPS]) if SKIPS in raw else ()
-    return Envelope(_BODIES[kind].from_dict(raw[STATE]), partial_accumulation=partial, keys=keys, skips=skips)
+    body = _BODIES[kind].from_dict(raw[STATE])
+    if isinstance(body, MixtureState):
+        body.check_segment(position_in_stream([hole for skip in skips for hole in skip.holes], None, body.position))
+    return Envelope(body, partial_accumulation=partial, keys=keys, skips=skips)
 
 
 def _parse_unversioned(raw: Mapping[str, Any], partial: PartialAccumulation | None) -> Envelope:

@@ -229,10 +229,13 @@ class MixtureState:
             raise StateFormatError(f"a mixture's state lacks its record ({MIXTURE!r}): keys {sorted(raw)[:10]}")
         record = MixtureRecord.from_dict(raw[MIXTURE])
         loader = LoaderState.from_dict({key: value for key, value in raw.items() if key != MIXTURE})
-        state = cls(loader, record)
-        if record.segment_start > state.position:
+        return cls(loader, record)
+
+    def check_segment(self, stream_position: int) -> None:
+        """Refuse weights that took effect after the save, at ``stream_position`` (its position with the run's
+        skipped data counted: `lightning_resumable.format.skips`)."""
+        if self.mixture.segment_start > stream_position:
             raise StateFormatError(
-                f"a mixture's weights took effect at stream position {record.segment_start}, after its save at"
-                f" {state.position}: the state was altered"
+                f"a mixture's weights took effect at stream position {self.mixture.segment_start}, after its save at"
+                f" {stream_position}: the state was altered"
             )
-        return state

@@ -20,7 +20,17 @@ from typing import Any, Union
 
 from lightning_resumable.errors import SkipError, StateFormatError
 
-__all__ = ["Hole", "Skip", "StepRange", "StepRanges", "skips_from_list", "step_ranges"]
+__all__ = [
+    "Hole",
+    "Skip",
+    "StepRange",
+    "StepRanges",
+    "from_stream",
+    "hole_of",
+    "position_in_stream",
+    "skips_from_list",
+    "step_ranges",
+]
 
 StepRanges = Union[str, int, Sequence[Union[str, int, Sequence[int]]], None]  # noqa: UP007  # a runtime alias
 """What a user may give: ``"40701-40900"``, ``"40701-40900,41000-41010"``, a step, ``[first, last]``, a list."""
@@ -131,6 +141,27 @@ class Skip:
                 raise StateFormatError(f"a skip's hole must hold non-negative ints, got {hole!r:.200}")
             parsed.append(Hole(hole[0], hole[1], hole[2]))
         return cls(StepRange(steps[0], steps[1]), at, tuple(parsed))
+
+
+def hole_of(hole: Hole, epoch: int | None) -> bool:
+    """Whether ``hole`` lies in ``epoch``'s stream (a mixture's holes lie in its one stream)."""
+    return hole.epoch is None or hole.epoch == epoch
+
+
+def position_in_stream(holes: Sequence[Hole], epoch: int | None, position: int) -> int:
+    """`to_stream` of one position."""
+    for hole in reversed(holes):
+        if hole_of(hole, epoch) and position >= hole.start:
+            position += hole.length
+    return position
+
+
+def from_stream(holes: Sequence[Hole], epoch: int | None, position: int) -> int:
+    """The run's position of stream ``position`` (one inside a hole: the run's first position after it)."""
+    for hole in holes:
+        if hole_of(hole, epoch) and position >= hole.start:
+            position = max(hole.start, position - hole.length)
+    return position
 
 
 def skips_from_list(raw: object) -> tuple[Skip, ...]:

@@ -29,9 +29,11 @@ from torch.utils.data import DataLoader
 from lightning_resumable.core.mixture_sampler import MixtureSampler
 from lightning_resumable.core.mixture_stream import MixtureStream, Segment, realise
 from lightning_resumable.core.schedule import StepClock
+from lightning_resumable.core.skips import Layout, position_in_stream
 from lightning_resumable.errors import IncompatibleStateError, MixtureError
 from lightning_resumable.format.envelope import LoaderState, MixtureRecord, MixtureState
 from lightning_resumable.format.mixture_state import WeightChange
+from lightning_resumable.format.skips import Hole
 from lightning_resumable.lightning.owners import LoaderOwner, Owner
 from lightning_resumable.lightning.progress import SavePoint
 from lightning_resumable.lightning.world_size import WorldSizePolicy
@@ -66,7 +68,7 @@ class MixtureOwner(Owner[MixtureState]):
         self.sampler.set_samples_per_epoch(state.dataset_size)
         self.chunks = {**{name: record.chunks[name] for name in record.chunks if name not in self.sizes}, **self.chunks}
         self.sizes = {**record.sizes, **self.sizes}
-        position = saved.position
+        position = position_in_stream(self.sampler.holes, None, saved.position)  # the run's skipped data counted
         history = Segment(
             record.segment_start,
             record.period,
@@ -146,7 +148,7 @@ class MixtureOwner(Owner[MixtureState]):
     def _state_of(self, loader: LoaderState) -> MixtureState:
         state, stream = loader.state, self.sampler.stream
         epoch_start = self.sampler.epoch_start(state.epoch)
-        position = epoch_start + state.position
+        position = position_in_stream(self.sampler.holes, None, epoch_start + state.position)
         segment = stream.segment_at(position)
         scheduled = None
         if self.changes:
@@ -253,6 +255,16 @@ class MixtureOwner(Owner[MixtureState]):
 
     def retire_workers(self) -> None:
         self.one.retire_workers()
+
+    def set_holes(self, holes: tuple[Hole, ...]) -> None:
+        self.sampler.holes = holes
+
+    def layout(self, step: int, accumulate: int, limit: int | float | None) -> Layout:
+        return self.one.layout(step, accumulate, limit)
+
+    def skip_verification(self) -> None:
+        self.one.skip_verification()
+        self.verified = None
 
 
 def _layout(digest: str | None) -> str:
