@@ -17,6 +17,7 @@ __all__ = [
     "MixtureError",
     "NoTrainerError",
     "NotInSampleFetchError",
+    "OrderUnknownError",
     "PartialAccumulationError",
     "PendingRestoreError",
     "ResumeError",
@@ -152,3 +153,8 @@ class SkipError(ResumeError):
     """Skipped steps (``ResumableDataCallback(skip_steps=...)``) that cannot be honoured exactly: malformed,
     empty or overlapping ranges, a range before the checkpoint's step, ranks given different ranges, or a
     train input whose skipped data the library cannot pass over; raised before any step trains."""
+
+
+class OrderUnknownError(ResumeError):
+    """``batches`` (`lightning_resumable.tools.step_batches`) cannot tell a step's samples from the checkpoint: its
+    state does not determine the order there (a stream, a sampler's own arguments, a mixture's schedule)."""

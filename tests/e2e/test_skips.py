@@ -6,15 +6,21 @@ the audit logs of both compare identical. A range before the checkpoint's step i
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from lightning_resumable import Mixture, WeightSchedule
 from lightning_resumable.format.audit import first_divergence, read_audit
+from lightning_resumable.tools.step_batches import step_batches
 
 from .chains import Leg, run_chain
+from .data_setups import MIXTURE_OFFSETS
 from .harness import Runner, Scenario, read_records
+from .train import OffsetDataset
 
 SKIPPED = ((3, 6), (9, 10))
 """Steps as the spiking run numbers them: 5 batches a rank and epoch, so 3-6 crosses the end of epoch 0 (its
@@ -70,6 +76,25 @@ def test_a_run_rolled_back_and_resumed_with_skips_equals_the_run_given_them_from
     expected_steps = 9 if data == "map" else 15  # a map-style epoch shortened by what it skipped; a mixture's not
     assert [len(each) for each in steps.values()] == [expected_steps] * 2
     assert first_divergence(read_audit(root / "audit-ref"), read_audit(root / "audit-rec")) is None
+    # ``batches`` lists, from the recovered run's last checkpoint alone, what every step read or will read.
+    audit = read_audit(root / "audit-ref")
+    mixture = None
+    if data == "mixture":
+        schedule = WeightSchedule({step: dict(weights) for step, weights in scenario.mixture_weights})
+        sources = {name: OffsetDataset(size, MIXTURE_OFFSETS[name]) for name, size in scenario.mixture_sources}
+        mixture = Mixture(sources, schedule, samples_per_epoch=scenario.dataset_size)
+    listed = step_batches(root / "recovered" / "leg1.ckpt", f"0-{expected_steps - 1}", mixture=mixture)
+    assert {entry.trained for entry in listed} == {True, False}, "the checkpoint is not inside the run"
+    for rank, records in audit.items():
+        assert [entry.samples for entry in listed if entry.rank == rank] == [record["ids"] for record in records]
+    command = [sys.executable, "-m", "lightning_resumable", "batches", str(root / "recovered" / "leg1.ckpt")]
+    shown = subprocess.run([*command, "--steps", "0-2,7", "--json"], capture_output=True, text=True, check=False)
+    if data == "map":
+        assert shown.returncode == 0, shown.stderr
+        wanted = [entry.to_dict() for entry in listed if entry.step in (0, 1, 2, 7)]
+        assert [json.loads(line) for line in shown.stdout.splitlines()] == wanted
+    else:  # the schedule is the run's configuration: the command says so, and where to look instead
+        assert shown.returncode == 1 and "OrderUnknownError" in shown.stderr and "audit" in shown.stderr
     marks = [json.loads(line) for line in (root / "audit-rec" / "audit.rank0.jsonl").read_text().splitlines()]
     assert [mark["skipped"]["steps"] for mark in marks if "skipped" in mark] == ["3-6", "9-10"]
 

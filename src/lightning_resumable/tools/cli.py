@@ -1,5 +1,6 @@
 """``python -m lightning_resumable inspect CHECKPOINT [--json]``: the data state a checkpoint holds;
-``python -m lightning_resumable compare A B``: whether two runs' audit logs trained the same samples.
+``python -m lightning_resumable compare A B``: whether two runs' audit logs trained the same samples;
+``python -m lightning_resumable batches CHECKPOINT --steps A-B``: the samples of steps (`tools.step_batches`).
 
 It reads the checkpoint with ``torch.load(weights_only=True)``, so it never unpickles arbitrary
 objects, and prints per train loader where its stream stands (seed, epoch, position, the setup that
@@ -126,5 +127,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     compare.add_argument("a", help="an audit file, or a directory of audit.rank<R>.jsonl files")
     compare.add_argument("b", help="the other run's")
+    batches = commands.add_parser(
+        "batches", help="the sample ids each rank read (before the checkpoint) or will read (after it) at steps"
+    )
+    batches.add_argument("checkpoint", help="a .ckpt file written with ResumableDataCallback")
+    batches.add_argument("--steps", required=True, help="steps as the run numbered them: 40700-40900, or a-b,c-d")
+    batches.add_argument("--rank", type=int, action="append", help="this rank only (repeatable); all by default")
+    batches.add_argument("--accumulate", type=int, default=1, help="the run's accumulate_grad_batches (default 1)")
+    batches.add_argument("--json", action="store_true", help="one JSON object per step and rank")
     arguments = parser.parse_args(argv)
+    if arguments.command == "batches":
+        return _batches(arguments)
     return _inspect(arguments) if arguments.command == "inspect" else _compare(arguments)
+
+
+def _batches(arguments: argparse.Namespace) -> int:
+    from lightning_resumable.tools.step_batches import step_batches
+
+    try:
+        path, accumulate = Path(arguments.checkpoint), arguments.accumulate
+        listed = step_batches(path, arguments.steps, ranks=arguments.rank, accumulate_grad_batches=accumulate)
+    except _Unreadable as error:
+        print(f"lightning-resumable batches: {error}", file=sys.stderr)
+        return 2
+    except ResumeError as error:
+        print(f"lightning-resumable batches: {type(error).__name__}: {str(error)[:2000]}", file=sys.stderr)
+        return 1
+    for entry in listed:
+        if arguments.json:
+            print(json.dumps(entry.to_dict()))
+        else:
+            when = "read" if entry.trained else "will read"
+            where = f"epoch {entry.epoch}, batch {entry.batches[0] if entry.batches else '-'}"
+            print(f"step {entry.step} rank {entry.rank} ({where}) {when}: {entry.samples}")
+    return 0
