@@ -26,9 +26,10 @@ from lightning_resumable.core.sampler import ResumableSampler
 from lightning_resumable.core.skips import Layout
 from lightning_resumable.core.step_layout import epoch_batches, sampler_layout
 from lightning_resumable.errors import OrderUnknownError
-from lightning_resumable.format.envelope import Envelope, LoaderState, MixtureState, parse
+from lightning_resumable.format.envelope import STATE_KEY, Envelope, LoaderState, MixtureState, parse
 from lightning_resumable.format.skips import StepRange, StepRanges, step_ranges
 from lightning_resumable.format.state import DataState
+from lightning_resumable.tools.checkpoint_file import load_data_state
 
 __all__ = ["StepBatch", "step_batches"]
 
@@ -103,11 +104,7 @@ def _envelope(checkpoint: str | Path | Mapping[str, Any]) -> tuple[Envelope, int
     if isinstance(checkpoint, Mapping):
         loaded = checkpoint
     else:
-        from lightning_resumable.tools.cli import load_data_state
-
         loaded, _ = load_data_state(Path(checkpoint))
-    from lightning_resumable.format.envelope import STATE_KEY
-
     envelope = parse(loaded["callbacks"][STATE_KEY])
     return envelope, int(loaded.get("global_step", 0))
 
