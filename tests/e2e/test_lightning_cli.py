@@ -45,3 +45,30 @@ def test_the_callbacks_options_and_their_docs_show_in_help(tmp_path: Path) -> No
     for option in ("allow_world_size_change", "seed_samples", "seed_steps", "verify", "audit_dir"):
         assert f"--trainer.callbacks.{option}" in done.stdout
     assert "resume on a different number of processes" in done.stdout  # the docstring's Args
+
+
+def test_skipped_steps_from_yaml_roll_back_to_the_run_given_them_from_the_start(tmp_path: Path) -> None:
+    """``skip_steps`` in the callback's ``init_args``: a run stopped at step 5 and resumed with the skip trains what
+    a run given it from the start trains (the audit logs compare identical), and the config may keep it."""
+    text = (EXAMPLES / "config.yaml").read_text()
+    skipping = tmp_path / "skipping.yaml"
+    skipping.write_text(
+        text.replace("        audit_dir: audit", '        audit_dir: audit\n        skip_steps: ["7-9"]')
+    )
+    cli(tmp_path / "reference", "--config", str(skipping))
+    cli(tmp_path / "recovered", "--trainer.max_steps", "5")
+    cli(
+        tmp_path / "recovered",
+        "--config",
+        str(skipping),
+        "--ckpt_path",
+        str(tmp_path / "recovered/checkpoints/step=5.ckpt"),
+    )
+    audits = [str(tmp_path / run / "audit") for run in ("reference", "recovered")]
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_resumable", "compare", *audits], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.startswith("identical:"), done.stdout + done.stderr
+    # A later resume of the recovered run, its config unchanged, keeps the skip and does not refuse it.
+    later = sorted((tmp_path / "recovered" / "checkpoints").glob("step=1*.ckpt"))[0]
+    cli(tmp_path / "later", "--config", str(skipping), "--ckpt_path", str(later))

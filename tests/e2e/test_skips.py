@@ -95,6 +95,13 @@ def test_a_run_rolled_back_and_resumed_with_skips_equals_the_run_given_them_from
         assert [json.loads(line) for line in shown.stdout.splitlines()] == wanted
     else:  # the schedule is the run's configuration: the command says so, and where to look instead
         assert shown.returncode == 1 and "OrderUnknownError" in shown.stderr and "audit" in shown.stderr
+    inspected = subprocess.run(
+        [sys.executable, "-m", "lightning_resumable", "inspect", command[-1]],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "skipped steps 3-6: their data" in inspected.stdout and "passed over at step 5" in inspected.stdout
     marks = [json.loads(line) for line in (root / "audit-rec" / "audit.rank0.jsonl").read_text().splitlines()]
     assert [mark["skipped"]["steps"] for mark in marks if "skipped" in mark] == ["3-6", "9-10"]
 

@@ -64,6 +64,8 @@ def summarise(raw: Mapping[str, Any], checkpoint: Mapping[str, Any] | None = Non
         summary["partial_accumulation"] = asdict(envelope.partial_accumulation)
     if checkpoint is not None:
         summary["checkpoint"] = {key: checkpoint.get(key) for key in ("epoch", "global_step") if key in checkpoint}
+    if envelope.skips:
+        summary["skips"] = [skip.to_dict() for skip in envelope.skips]
     summary.update(_SUMMARIES[parsed.kind](parsed, _written_versions(raw)))  # type: ignore[operator]
     summary["place"] = _PLACES[parsed.kind](list(summary["loaders"].values()))
     return summary
@@ -248,6 +250,12 @@ def render(path: Path, summary: Mapping[str, Any]) -> str:
         lines.append(
             f"  saved inside a gradient accumulation window ({partial['accumulated']} of {partial['window']} batches"
             " accumulated): a resume is refused with PartialAccumulationError"
+        )
+    for skip in summary.get("skips", []):
+        first, last = skip["steps"]
+        positions = sum(hole[2] for hole in skip["holes"])
+        lines.append(
+            f"  skipped steps {first}-{last}: their data ({positions:,} positions) passed over at step {skip['at']}"
         )
     rows = [row for name, loader in summary["loaders"].items() for row in _ROWS[loader["kind"]](name, loader)]
     width = max(len(label) for label, _ in rows)
