@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_resumable import Mixture, WeightSchedule
+from lightning_resumable import Mixture, OrderUnknownError, WeightSchedule
 from lightning_resumable.format.audit import first_divergence, read_audit
 from lightning_resumable.tools.step_batches import step_batches
 
@@ -38,9 +38,12 @@ CASES = {
         data="mixture",
         mixture_weights=((0, FIRST), (5, SHIFTED), (10, FIRST)),
     ),
+    "stream": Scenario(world_size=2, epochs=3, extra_saves_every=2, data="stream"),
+    "hf": Scenario(world_size=2, epochs=3, extra_saves_every=2, data="hf", shuffle_buffer=8),
 }
-"""5 batches a rank and epoch each: a map-style loader (each epoch a permutation, so a skip shortens its epochs)
-and a mixture with a schedule by steps (one stream: its epochs keep their length, the stream goes on after a skip)."""
+"""A map-style loader (each epoch a permutation, so a skip shortens its epochs: 5 batches a rank), a mixture with
+a schedule by steps (one stream: its epochs keep their length, the stream goes on after a skip; 5 batches), a
+user's stream and a Hugging Face stream shuffled through a buffer (read and discarded; 6 batches)."""
 
 
 def skipping(scenario: Scenario, audit: Path) -> tuple[tuple[str, object], ...]:
@@ -73,9 +76,19 @@ def test_a_run_rolled_back_and_resumed_with_skips_equals_the_run_given_them_from
         kept = [s for s in range(len(spiking_run[rank])) if not any(a <= s <= b for a, b in SKIPPED)]
         want = [{k: spiking_run[rank][step][k] for k in ("ids", "aug")} for step in kept][: len(steps[rank])]
         assert [{k: step[k] for k in ("ids", "aug")} for step in steps[rank]] == want, f"rank {rank}"
-    expected_steps = 9 if data == "map" else 15  # a map-style epoch shortened by what it skipped; a mixture's not
+    epoch = scenario.batches_per_epoch  # a mixture's epochs keep their length; the others' are shortened
+    expected_steps = 3 * epoch - (0 if data == "mixture" else sum(b - a + 1 for a, b in SKIPPED))
     assert [len(each) for each in steps.values()] == [expected_steps] * 2
     assert first_divergence(read_audit(root / "audit-ref"), read_audit(root / "audit-rec")) is None
+    inspected = subprocess.run(
+        [sys.executable, "-m", "lightning_resumable", "inspect", str(root / "recovered" / "leg1.ckpt")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "skipped steps 3-6: their data" in inspected.stdout and "passed over at step 5" in inspected.stdout
+    marks = [json.loads(line) for line in (root / "audit-rec" / "audit.rank0.jsonl").read_text().splitlines()]
+    assert [mark["skipped"]["steps"] for mark in marks if "skipped" in mark] == ["3-6", "9-10"]
     # ``batches`` lists, from the recovered run's last checkpoint alone, what every step read or will read.
     audit = read_audit(root / "audit-ref")
     mixture = None
@@ -83,6 +96,10 @@ def test_a_run_rolled_back_and_resumed_with_skips_equals_the_run_given_them_from
         schedule = WeightSchedule({step: dict(weights) for step, weights in scenario.mixture_weights})
         sources = {name: OffsetDataset(size, MIXTURE_OFFSETS[name]) for name, size in scenario.mixture_sources}
         mixture = Mixture(sources, schedule, samples_per_epoch=scenario.dataset_size)
+    if data in ("stream", "hf"):  # a stream's order is its readers' state: batches says so, and points to the log
+        with pytest.raises(OrderUnknownError, match="audit log"):
+            step_batches(root / "recovered" / "leg1.ckpt", "0-3")
+        return
     listed = step_batches(root / "recovered" / "leg1.ckpt", f"0-{expected_steps - 1}", mixture=mixture)
     assert {entry.trained for entry in listed} == {True, False}, "the checkpoint is not inside the run"
     for rank, records in audit.items():
@@ -95,15 +112,22 @@ def test_a_run_rolled_back_and_resumed_with_skips_equals_the_run_given_them_from
         assert [json.loads(line) for line in shown.stdout.splitlines()] == wanted
     else:  # the schedule is the run's configuration: the command says so, and where to look instead
         assert shown.returncode == 1 and "OrderUnknownError" in shown.stderr and "audit" in shown.stderr
-    inspected = subprocess.run(
-        [sys.executable, "-m", "lightning_resumable", "inspect", command[-1]],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert "skipped steps 3-6: their data" in inspected.stdout and "passed over at step 5" in inspected.stdout
-    marks = [json.loads(line) for line in (root / "audit-rec" / "audit.rank0.jsonl").read_text().splitlines()]
-    assert [mark["skipped"]["steps"] for mark in marks if "skipped" in mark] == ["3-6", "9-10"]
+
+
+@pytest.mark.parametrize("data", ["map", "stream"])
+def test_a_save_at_the_end_of_an_epoch_a_skip_cut_resumes_the_skip_in_the_next(runner: Runner, data: str) -> None:
+    """The skip 3-6 passes over epoch 0's last batches and epoch 1's first: a save after epoch 0's last trained batch
+    (its batch 2) resumes with epoch 1's share still to pass over (a stream: read and discarded as epoch 1 begins)."""
+    scenario = replace(CASES[data], num_workers=2)
+    root = runner.root / f"skips-epoch-end-{data}"
+    reference = run_chain(root / "reference", scenario, [Leg("end", config=skipping(scenario, root / "audit-ref"))])
+    legs = [
+        Leg("batch_end", epoch=0, batch=1),
+        Leg("batch_end", epoch=0, batch=2, config=skipping(scenario, root / "audit-rec")),
+        Leg("end", config=skipping(scenario, root / "audit-rec")),
+    ]
+    steps, validations = run_chain(root / "recovered", scenario, legs)
+    assert steps == reference[0] and validations == reference[1]
 
 
 def test_a_range_before_the_checkpoints_step_is_refused_before_any_step(runner: Runner) -> None:

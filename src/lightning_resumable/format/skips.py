@@ -27,6 +27,7 @@ __all__ = [
     "StepRanges",
     "from_stream",
     "hole_of",
+    "holes_of",
     "position_in_stream",
     "skips_from_list",
     "step_ranges",
@@ -162,6 +163,11 @@ def from_stream(holes: Sequence[Hole], epoch: int | None, position: int) -> int:
         if hole_of(hole, epoch) and position >= hole.start:
             position = max(hole.start, position - hole.length)
     return position
+
+
+def holes_of(skips: Sequence[Skip]) -> tuple[Hole, ...]:
+    """Every hole of ``skips``, in the order they were made."""
+    return tuple(hole for skip in skips for hole in skip.holes)
 
 
 def skips_from_list(raw: object) -> tuple[Skip, ...]:

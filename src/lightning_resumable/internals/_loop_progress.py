@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 
 from lightning_resumable.internals._lightning import _processed, validation_follows
 
-__all__ = ["RestoredLoops", "ended_epoch_resumes_on_another_world_size", "loops_resume_where_the_data_does"]
+__all__ = ["RestoredLoops", "ended_epoch_resumes_at_the_next", "loops_resume_where_the_data_does"]
 
 
 class RestoredLoops:
@@ -180,14 +180,17 @@ def epoch_resumes_where_its_batches_stopped(trainer: pl.Trainer, checkpoint: dic
     loops["epoch_progress"] = progress
 
 
-def ended_epoch_resumes_on_another_world_size(checkpoint: dict[str, Any]) -> None:
+def ended_epoch_resumes_at_the_next(checkpoint: dict[str, Any]) -> None:
     """Make a checkpoint written at an epoch's last batch (``on_train_batch_end``, no validation due) resume at the
-    next epoch's first batch on another world size (``on_load_checkpoint``, before Lightning restores its loops).
+    next epoch's first batch (``on_load_checkpoint``, before Lightning restores its loops), where Lightning cannot
+    tell that epoch ended by its count: on another world size, or a stream's.
 
     Lightning's restart there ends the epoch only if its count of the epoch's batches reaches the new loader's
     length, which counts another world size's batches: on fewer processes it went on in the next epoch from the
-    old count (2 -> 1: epoch 1's batches numbered from 5, and that epoch ended 5 batches early). Written as that
-    epoch completed and the next not begun (Lightning's ``RESTARTED_ON_LAST``), which needs no length.
+    old count (2 -> 1: epoch 1's batches numbered from 5, and that epoch ended 5 batches early). A stream without
+    a length likewise went on numbering the next epoch's batches from the last one's count (3 batches an epoch:
+    epoch 1's numbered from 3), each step seeded as another. Written as that epoch completed and the next not
+    begun (Lightning's ``RESTARTED_ON_LAST``), which needs no length.
     """
     loops = checkpoint.get("loops", {}).get("fit_loop")
     if not isinstance(loops, dict):

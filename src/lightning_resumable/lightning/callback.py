@@ -34,16 +34,16 @@ from lightning_resumable.internals._lightning import (
     saving_off_the_training_path,
     silence_not_resumable_warning,
 )
-from lightning_resumable.internals._loop_progress import RestoredLoops, ended_epoch_resumes_on_another_world_size
+from lightning_resumable.internals._loop_progress import RestoredLoops, ended_epoch_resumes_at_the_next
 from lightning_resumable.lightning.online_weights import MixtureWeights
 from lightning_resumable.lightning.progress import (
     BatchCount,
     SavePoint,
+    ends_its_epoch_by_count,
     partial_accumulation,
     refuse_missing_state,
     refuse_partial_accumulation,
     runs_before_next_step,
-    saved_world_size,
 )
 from lightning_resumable.lightning.signals import HeldPreemption
 from lightning_resumable.lightning.skipping import SkippedSteps
@@ -215,7 +215,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         at = SavePoint.of(trainer, self.shuffle_seed(trainer), batches, collective, self.verify)
         with global_generators_kept():  # a save fetches the next batch again: it must not change the run's draws
             envelope = self._owner.envelope(at, lambda ended: partial_accumulation(trainer, batches, ended))
-            return self._skips.enveloped(envelope).to_dict()
+            return self._skips.enveloped(envelope, self._owner).to_dict()
 
     def _capture(self, trainer: pl.Trainer, collective: bool = True) -> None:
         """Every rank's data state where all ranks act on a preemption (collective), or on one rank before an exception
@@ -267,8 +267,8 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         if trainer.state.fn == TrainerFn.FITTING:  # validate/test/predict from a checkpoint read no train stream
             refuse_missing_state(checkpoint, self.state_key)
             self._loops.restored(checkpoint)
-            if saved_world_size(checkpoint, self.state_key) not in (None, trainer.world_size):
-                ended_epoch_resumes_on_another_world_size(checkpoint)
+            if ends_its_epoch_by_count(checkpoint, self.state_key, trainer.world_size):
+                ended_epoch_resumes_at_the_next(checkpoint)
 
     # ------------------------------------------------------------------------------ training
     @override

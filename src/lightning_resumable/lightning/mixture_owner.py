@@ -20,6 +20,7 @@ training set go on at a resume unless the schedule's weights there differ from t
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -29,11 +30,11 @@ from torch.utils.data import DataLoader
 from lightning_resumable.core.mixture_sampler import MixtureSampler
 from lightning_resumable.core.mixture_stream import MixtureStream, Segment, realise
 from lightning_resumable.core.schedule import StepClock
-from lightning_resumable.core.skips import Layout, position_in_stream
+from lightning_resumable.core.skips import position_in_stream
 from lightning_resumable.errors import IncompatibleStateError, MixtureError
 from lightning_resumable.format.envelope import LoaderState, MixtureRecord, MixtureState
 from lightning_resumable.format.mixture_state import WeightChange
-from lightning_resumable.format.skips import Hole
+from lightning_resumable.format.skips import Hole, Skip, StepRange
 from lightning_resumable.lightning.owners import LoaderOwner, Owner
 from lightning_resumable.lightning.progress import SavePoint
 from lightning_resumable.lightning.world_size import WorldSizePolicy
@@ -259,8 +260,10 @@ class MixtureOwner(Owner[MixtureState]):
     def set_holes(self, holes: tuple[Hole, ...]) -> None:
         self.sampler.holes = holes
 
-    def layout(self, step: int, accumulate: int, limit: int | float | None) -> Layout:
-        return self.one.layout(step, accumulate, limit)
+    def plan_skips(
+        self, ranges: Sequence[StepRange], step: int, accumulate: int, limit: int | float | None
+    ) -> list[Skip]:
+        return self.one.plan_skips(ranges, step, accumulate, limit)
 
     def skip_verification(self) -> None:
         self.one.skip_verification()

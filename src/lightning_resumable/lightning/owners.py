@@ -14,7 +14,7 @@ saves; the world-size policy is the callback's one function, which every owner c
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import lightning.pytorch as pl
@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from lightning_resumable.core.resume_start import DataPlace, Start, resume_start
 from lightning_resumable.core.sampler import ResumableSampler
-from lightning_resumable.core.skips import Layout
+from lightning_resumable.core.skips import plan
 from lightning_resumable.core.step_layout import sampler_layout
 from lightning_resumable.errors import IncompatibleStateError, SkipError
 from lightning_resumable.format.envelope import (
@@ -35,7 +35,7 @@ from lightning_resumable.format.envelope import (
     StreamState,
     Unresumable,
 )
-from lightning_resumable.format.skips import Hole
+from lightning_resumable.format.skips import Hole, Skip, StepRange
 from lightning_resumable.format.state import DataState
 from lightning_resumable.lightning.combined import loader_position
 from lightning_resumable.lightning.progress import SavePoint
@@ -137,9 +137,19 @@ class Owner(ABC, Generic[S]):
             f" {self.state_type.described}"
         )
 
-    def layout(self, step: int, accumulate: int, limit: int | float | None) -> Layout:
-        """How the steps from ``step`` (the next to train) lie in the stream."""
+    def plan_skips(
+        self, ranges: Sequence[StepRange], step: int, accumulate: int, limit: int | float | None
+    ) -> list[Skip]:
+        """The skips of ``ranges``, from ``step`` (the next to train), as `lightning_resumable.core.skips.plan`s."""
         raise SkipError(f"skipped steps are not supported for {self.state_type.described}")
+
+    def watch_steps(self, trainer: pl.Trainer) -> None:
+        """Where a skip is found by the trainer's step as a pass begins (a stream's), the trainer to read it from."""
+        return None
+
+    def recorded_skips(self, skips: tuple[Skip, ...]) -> tuple[Skip, ...]:
+        """``skips`` as a save records them (a stream's discard cut by an epoch's end goes on in the next)."""
+        return skips
 
     def skip_verification(self) -> None:
         """The next batch follows a skip made now: it is not the one the checkpoint fingerprinted."""
@@ -199,8 +209,10 @@ class LoaderOwner(Owner[LoaderState]):
     def set_holes(self, holes: tuple[Hole, ...]) -> None:
         self.sampler.holes = holes
 
-    def layout(self, step: int, accumulate: int, limit: int | float | None) -> Layout:
-        return sampler_layout(self.sampler, step, accumulate, limit)
+    def plan_skips(
+        self, ranges: Sequence[StepRange], step: int, accumulate: int, limit: int | float | None
+    ) -> list[Skip]:
+        return plan(ranges, sampler_layout(self.sampler, step, accumulate, limit))
 
     def skip_verification(self) -> None:
         self.owned.to_verify = None

@@ -23,11 +23,11 @@ from lightning_resumable.internals._lightning import (
 __all__ = [
     "BatchCount",
     "SavePoint",
+    "ends_its_epoch_by_count",
     "partial_accumulation",
     "refuse_missing_state",
     "refuse_partial_accumulation",
     "runs_before_next_step",
-    "saved_world_size",
 ]
 
 
@@ -147,10 +147,16 @@ def refuse_missing_state(checkpoint: dict[str, Any], state_key: str) -> None:
         )
 
 
-def saved_world_size(checkpoint: Mapping[str, Any], state_key: str) -> int | None:
-    """The world size the checkpoint's data state was written on, read from the parsed state; ``None``: none."""
+def ends_its_epoch_by_count(checkpoint: Mapping[str, Any], state_key: str, world_size: int) -> bool:
+    """Whether Lightning's restart cannot end a checkpoint's epoch at its last batch by counting it against the
+    loader's length: another world size counts other batches, and a stream's loader may have none (its epoch
+    ends where it runs out): such a checkpoint is written as the next epoch's start
+    (`lightning_resumable.internals._loop_progress.ended_epoch_resumes_at_the_next`)."""
     slot = checkpoint.get("callbacks", {}).get(state_key)
-    return None if holds_no_state(slot) else parse(slot).world_size
+    if holds_no_state(slot):
+        return False
+    envelope = parse(slot)
+    return envelope.world_size not in (None, world_size) or envelope.kind == "stream"
 
 
 def runs_before_next_step(trainer: pl.Trainer) -> bool:

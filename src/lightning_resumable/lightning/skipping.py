@@ -10,25 +10,19 @@ the checkpoint's, not a new one (a LightningCLI config keeps its ``skip_steps``)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_resumable.core.skips import plan
 from lightning_resumable.core.verification import all_gather_objects
 from lightning_resumable.errors import SkipError
 from lightning_resumable.format.envelope import Envelope
-from lightning_resumable.format.skips import Hole, Skip, StepRanges, step_ranges
+from lightning_resumable.format.skips import Skip, StepRanges, holes_of, step_ranges
 
-__all__ = ["SkippedSteps", "holes_of"]
-
-
-def holes_of(skips: Sequence[Skip]) -> tuple[Hole, ...]:
-    """Every hole of ``skips``, in the order they were made."""
-    return tuple(hole for skip in skips for hole in skip.holes)
+__all__ = ["SkippedSteps"]
 
 
 class SkippedSteps:
@@ -55,6 +49,8 @@ class SkippedSteps:
             self.recorded, self.checkpoint = self.checkpoint, None
         if self.recorded or self.ranges:
             owner.set_holes(holes_of(self.recorded))
+            if trainer is not None:
+                owner.watch_steps(trainer)
         position()
         if self._planned or trainer is None:  # None: a loader taken outside a fit, as tests do
             return
@@ -74,8 +70,7 @@ class SkippedSteps:
             clash = [s.steps for s in self.recorded if not (each.last < s.steps.first or s.steps.last < each.first)]
             if clash:
                 raise SkipError(f"the skipped steps {each} overlap the checkpoint's skipped steps {clash[0]}")
-        layout = owner.layout(step, trainer.accumulate_grad_batches, trainer.limit_train_batches)
-        made = plan(new, layout)
+        made = owner.plan_skips(new, step, trainer.accumulate_grad_batches, trainer.limit_train_batches)
         self.recorded = (*self.recorded, *made)
         owner.set_holes(holes_of(self.recorded))
         if any(skip.at == step for skip in made):
@@ -103,6 +98,8 @@ class SkippedSteps:
         mark, self._mark = self._mark, None
         return mark
 
-    def enveloped(self, envelope: Envelope) -> Envelope:
+    def enveloped(self, envelope: Envelope, owner: Any) -> Envelope:
         """``envelope`` with the skips in force recorded (a state that holds none keeps none)."""
-        return replace(envelope, skips=self.recorded) if envelope.state is not None and self.recorded else envelope
+        if envelope.state is None or not self.recorded:
+            return envelope
+        return replace(envelope, skips=owner.recorded_skips(self.recorded))

@@ -5,6 +5,8 @@ each rank at a restore; see `lightning_resumable.lightning.owners` for what ever
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -12,8 +14,9 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_resumable.core.resume_start import DataPlace, Start, resume_start
 from lightning_resumable.core.verification import all_gather_objects, check_first_stream_batches, digest_of
-from lightning_resumable.errors import IncompatibleStateError
+from lightning_resumable.errors import IncompatibleStateError, SkipError
 from lightning_resumable.format.envelope import GLOBAL_POSITION_ATTRIBUTE, StreamState, Unresumable
+from lightning_resumable.format.skips import Hole, Skip, StepRange
 from lightning_resumable.internals._torchdata import torchdata_version
 from lightning_resumable.lightning.owners import Owner
 from lightning_resumable.lightning.progress import SavePoint
@@ -42,6 +45,10 @@ class StreamOwner(Owner[StreamState]):
         self.loader, self.rank, self.world_size = loader, rank, world_size
         self.resumes_at: DataPlace | None = None  # where the restored stream stopped
         self.verifying: tuple[int, int] | None = None  # (epoch, batches) whose next batch is verified
+        self.holes: list[Hole] = []  # the skipped steps' discards (see "skipped steps" below)
+        self._trainer: Any = None
+        self._due: dict[int, list[Hole]] = {}  # the holes whose batches the current pass discards, by batch index
+        self._placed: dict[int, tuple[Hole, ...]] = {}  # a skip's holes once discarded, by its step
 
     def restore(self, saved: StreamState, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
         if saved.reader != self.loader.reader:
@@ -118,6 +125,70 @@ class StreamOwner(Owner[StreamState]):
 
     def retire_workers(self) -> None:
         self.loader.retire_workers()
+
+    # ------------------------------------------------------------------------------ skipped steps
+    # A stream's order is its readers' state: its skipped data is read and discarded (Megatron's way). A skip
+    # planned is a hole ``(None, step, batches)``: this rank's batches to discard as that step begins; once
+    # discarded it is ``(epoch, batch, batches)``, where it was, and what the epoch's end cut off goes on as
+    # ``(epoch + 1, 0, batches)``, discarded as the next epoch begins.
+    def set_holes(self, holes: tuple[Hole, ...]) -> None:
+        if not self.loader.record.holds_state:
+            raise SkipError(f"skipped steps are not supported for {self.loader.library}'s loader")
+        self.holes = list(holes)
+        self.loader.record.discards, self.loader.record.discarded = self._discards, self._discarded
+
+    def watch_steps(self, trainer: pl.Trainer) -> None:
+        self._trainer = trainer
+
+    def plan_skips(
+        self, ranges: Sequence[StepRange], step: int, accumulate: int, limit: int | float | None
+    ) -> list[Skip]:
+        made: list[Skip] = []
+        for each in ranges:
+            at = each.first - sum(skip.steps.steps for skip in made)
+            made.append(Skip(each, at, (Hole(None, at, each.steps * accumulate),)))
+        return made
+
+    def skip_verification(self) -> None:
+        self.verifying = None
+        self.loader.record.expect_first("")
+
+    def _discards(self, first: int, resumed: bool) -> dict[int, int]:
+        """This rank's batches to discard before each batch index of a pass starting at batch ``first``."""
+        if self._trainer is None:
+            return {}
+        step, accumulate, epoch = (
+            self._trainer.global_step,
+            self._trainer.accumulate_grad_batches,
+            self.loader.record.epoch,
+        )
+        self._due = {}
+        for hole in self.holes:
+            if hole.epoch is None and hole.start >= step:  # not discarded yet
+                index = first + (hole.start - step) * accumulate
+            elif hole.epoch == epoch and (hole.start > first or (hole.start == first and not resumed)):
+                index = hole.start
+            else:
+                continue
+            self._due.setdefault(index, []).append(hole)
+        return {index: sum(hole.length for hole in holes) for index, holes in self._due.items()}
+
+    def _discarded(self, epoch: int, index: int, read: int, left: int) -> None:
+        """The pass read and discarded ``read`` batches before batch ``index``; ``left`` were cut off by its end."""
+        done = self._due.pop(index, [])
+        self.holes = [hole for hole in self.holes if hole not in done]
+        for hole in done:  # in the order they were due: a carried discard first
+            taken = min(hole.length, read)
+            read -= taken
+            pieces: tuple[Hole, ...] = (Hole(epoch, index, taken),)
+            if hole.length > taken:
+                pieces += (Hole(epoch + 1, 0, hole.length - taken),)
+            self.holes += pieces
+            if hole.epoch is None:  # a skip's discard began: its record says where
+                self._placed[hole.start] = pieces
+
+    def recorded_skips(self, skips: tuple[Skip, ...]) -> tuple[Skip, ...]:
+        return tuple(replace(skip, holes=self._placed.get(skip.at, skip.holes)) for skip in skips)
 
 
 def _length(loader: Any) -> int | None:

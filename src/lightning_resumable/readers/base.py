@@ -81,6 +81,7 @@ class StreamReader:
     def pass_epoch(self) -> int:
         """The epoch the pass starting now reads: the one `start_epoch` set, else the trainer's."""
         epoch, self._next_epoch = (self.epoch_source() if self._next_epoch is None else self._next_epoch), None
+        self.record.epoch = epoch
         return epoch
 
     def start_epoch(self, epoch: int) -> None:

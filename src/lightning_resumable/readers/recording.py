@@ -52,6 +52,13 @@ class PassRecord:
         self._ahead: tuple[Any] | None = None  # batch ``self.batches``, read and not handed out yet
         self._expected_first: str | None = None  # the digest the first batch after a restore must have
         self.first_batch: tuple[str, str] | None = None  # (expected, read) digests of that batch, once read
+        self.epoch = 0  # the pass's epoch (its reader's `pass_epoch`)
+        # Skipped steps (`lightning_resumable.lightning.stream_owner`): per pass, the batches to read and discard
+        # before a batch index, from (first index, resumed); and, once done, (epoch, index, discarded, left: what
+        # the pass's end cut off).
+        self.discards: Callable[[int, bool], dict[int, int]] | None = None
+        self.discarded: Callable[[int, int, int, int], None] | None = None
+        self._discard_at: dict[int, int] = {}
 
     def resume(self, batches: int, state: Mapping[str, Any] | None = None, next_batch: str = "") -> None:
         """The next pass continues ``batches`` batches into the epoch (from ``state``, if the loader cannot
@@ -63,6 +70,11 @@ class PassRecord:
     def expect_first(self, next_batch: str) -> None:
         """The next pass's first batch must have the digest ``next_batch`` (``""``: unknown)."""
         self._expected_first, self.first_batch = next_batch or None, None
+
+    @property
+    def holds_state(self) -> bool:
+        """Whether the loader's state is taken (else it is computed from the count: skipped data cannot be read)."""
+        return self._state is not None
 
     @property
     def resuming(self) -> bool:
@@ -78,6 +90,7 @@ class PassRecord:
         if pending is not None and pending[1] is not None:
             self._states[self.batches] = pending[1]  # the loader may not give it back before it reads
         self._source, self._restore_globals = batches, restore_globals
+        self._discard_at = self.discards(self.batches, pending is not None) if self.discards is not None else {}
         return self._recording(self._state.loader() if isinstance(self._state, _LoaderMethod) else None)
 
     def _recording(self, loader: object) -> Iterator[Any]:
@@ -95,7 +108,7 @@ class PassRecord:
     def _read_next(self) -> bool:
         """Read batch ``self.batches`` of the epoch into ``self._ahead``, its state recorded before; False:
         the pass has run out."""
-        if self._finished_at is not None or self._source is None:
+        if self._finished_at is not None or self._source is None or not self._discard():
             return False
         if self._state is not None and self.batches not in self._states:
             self._states[self.batches] = self._state()
@@ -114,6 +127,31 @@ class PassRecord:
                 saved.restore()
         self._read[self.batches], self._ahead = batch, (batch,)
         return True
+
+    def _discard(self) -> bool:
+        """Read and discard the batches skipped before batch ``self.batches`` (its state is then the one after
+        them); False: the pass ran out (what is left to discard goes to the next epoch: ``carried``)."""
+        due = self._discard_at.pop(self.batches, 0)
+        if not due:
+            return True
+        assert self._source is not None
+        read = 0
+        while read < due:
+            saved = randomness.GlobalGeneratorState() if self._restore_globals else None
+            try:
+                next(self._source)
+            except StopIteration:
+                self._finished_at = self.batches
+                if self._state is not None and self._state_at_end:
+                    self._states[self.batches] = self._state()
+                break
+            finally:
+                if saved is not None:
+                    saved.restore()
+            read += 1
+        if self.discarded is not None:
+            self.discarded(self.epoch, self.batches, read, due - read)
+        return read == due
 
     def read_ahead(self, batches: int) -> None:
         """At a save after ``batches`` batches, read the next batch now if Lightning has not (it reads
@@ -135,6 +173,10 @@ class PassRecord:
         if self._pending is not None and batches == self._pending[0]:  # restored, not read yet
             return self._pending[1] if self._pending[1] is not None else self._state()
         if batches == self.batches:  # no look-ahead (a sized stream, or the first batch)
+            if self._discard_at.get(batches) and self._source is not None and self._finished_at is None:
+                self._discard()  # the state after this batch is the one after the skipped data
+                if batches in self._states:
+                    return self._states[batches]
             return self._state()
         raise StreamPositionError(
             f"the trainer has completed {batches} batches of this epoch but {self.name} has yielded"
