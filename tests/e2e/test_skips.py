@@ -17,9 +17,10 @@ from lightning_resumable import Mixture, OrderUnknownError, WeightSchedule
 from lightning_resumable.format.audit import first_divergence, read_audit
 from lightning_resumable.tools.step_batches import step_batches
 
+from . import processes
 from .chains import Leg, run_chain
 from .data_setups import MIXTURE_OFFSETS
-from .harness import Runner, Scenario, read_records
+from .harness import RUN_TIMEOUT_S, Runner, Scenario, read_records
 from .train import OffsetDataset
 
 SKIPPED = ((3, 6), (9, 10))
@@ -138,3 +139,21 @@ def test_a_range_before_the_checkpoints_step_is_refused_before_any_step(runner: 
         run_chain(root, scenario, legs)
     assert "SkipError: the skipped steps 1-4 start before step 3, where the run resumes" in str(raised.value)
     assert read_records(root, "leg1", 2) == {0: [], 1: []}, "a step trained before the refusal"
+
+
+def test_the_loss_spike_example_recovers_exactly(tmp_path: Path) -> None:
+    """``examples/loss_spike.py``: a tiny GPT on a token mixture with a corrupt region, the spike found, its steps
+    listed by ``batches``, rolled back and skipped: the recovered run equals the reference given the skip from the
+    start (ids and loss bits), 2 processes, 2 workers, each run ending as a user's process does."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "loss_spike.py"
+    log = tmp_path / "example.log"
+    code = processes.run_tree(
+        [sys.executable, str(example)], log, tmp_path, 3 * RUN_TIMEOUT_S, "the loss spike example"
+    )
+    output = log.read_text()
+    assert code == 0 and "EXACT: the recovered run equals" in output, output[-4000:]
+    assert "steps 37-47 read the 40 corrupt blocks" in output  # every corrupt block of the region, by batches
+    for rank in range(2):
+        assert (
+            f"rank {rank}: 60 steps; the rolled-back run equals the reference in ids at 60, loss bits at 60" in output
+        )

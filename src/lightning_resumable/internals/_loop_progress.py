@@ -189,8 +189,9 @@ def ended_epoch_resumes_at_the_next(checkpoint: dict[str, Any]) -> None:
     length, which counts another world size's batches: on fewer processes it went on in the next epoch from the
     old count (2 -> 1: epoch 1's batches numbered from 5, and that epoch ended 5 batches early). A stream without
     a length likewise went on numbering the next epoch's batches from the last one's count (3 batches an epoch:
-    epoch 1's numbered from 3: the ``batch_idx`` a training step, its logs and a ``val_check_interval`` read). Written as that epoch completed and the next not
-    begun (Lightning's ``RESTARTED_ON_LAST``), which needs no length.
+    epoch 1's numbered from 3: the ``batch_idx`` a training step, its logs and a ``val_check_interval`` read).
+    Written as that epoch completed and the next not begun (Lightning's ``RESTARTED_ON_LAST``), which needs no
+    length.
     """
     loops = checkpoint.get("loops", {}).get("fit_loop")
     if not isinstance(loops, dict):

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import random
 from typing import Any
 
 import lightning.pytorch as pl
@@ -35,6 +33,7 @@ from lightning_resumable.internals._lightning import (
     silence_not_resumable_warning,
 )
 from lightning_resumable.internals._loop_progress import RestoredLoops, ended_epoch_resumes_at_the_next
+from lightning_resumable.lightning.data_log import DataLog
 from lightning_resumable.lightning.online_weights import MixtureWeights
 from lightning_resumable.lightning.progress import (
     BatchCount,
@@ -47,7 +46,7 @@ from lightning_resumable.lightning.progress import (
 )
 from lightning_resumable.lightning.signals import HeldPreemption
 from lightning_resumable.lightning.skipping import SkippedSteps
-from lightning_resumable.lightning.train_input import TrainOwner
+from lightning_resumable.lightning.train_input import TrainOwner, run_seed
 from lightning_resumable.lightning.world_size import check_world_size
 from lightning_resumable.readers.quiet_fork import ForkGuard
 
@@ -77,6 +76,8 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         skip_steps: steps whose data to pass over, as the resumed run numbered them (``global_step``):
             ``"40701-40900"``, ``[40701, 40900]`` or a list; at the range's first step its data is passed over,
             and that step trains what the spiking run trained after it (Long runs). Kept in the checkpoint.
+        log_mixture: log a mixture's weights and each source's share to ``trainer.logger`` every
+            ``log_every_n_steps`` (``mixture/weight/<source>``, ``mixture/share/<source>``).
 
     Raises:
         MissingStateError: resuming a checkpoint written without this callback.
@@ -111,6 +112,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         audit_dir: str | None = None,
         allow_inexact_streams: bool = False,
         skip_steps: StepRanges = None,
+        log_mixture: bool = True,
     ) -> None:
         self.allow_world_size_change = allow_world_size_change
         self.seed_samples = seed_samples
@@ -120,6 +122,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         warn_if_inexact_streams_allowed(allow_inexact_streams)
         self.skip_steps = skip_steps
         self._skips = SkippedSteps(skip_steps)  # the ranges given, checked now; the skips in force in a fit
+        self.log_mixture, self._log = log_mixture, DataLog(log_mixture)
         self._audit: AuditLog | None = None
         self._trainer: pl.Trainer | None = None
         self._owner: TrainOwner | None = None  # built with the loaders by train_dataloader()
@@ -156,12 +159,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         if self._pending is not None:
             return self._pending.seed
         if self._seed is None:
-            global_seed = os.environ.get("PL_GLOBAL_SEED")
-            if global_seed is not None:
-                self._seed = int(global_seed)
-            else:
-                drawn = random.SystemRandom().randrange(2**31)
-                self._seed = int(trainer.strategy.broadcast(drawn, src=0))
+            self._seed = run_seed(trainer)
         return self._seed
 
     def take(self, owner: TrainOwner, current_epoch: int) -> None:
@@ -301,7 +299,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
             self._owner.batch_started(batch_idx)
         if self.seed_steps and self._seed is not None:
             seed_training_step(self._seed, trainer.current_epoch, batch_idx)
-        self._skips.step_started(trainer.global_step, batch_idx % trainer.accumulate_grad_batches == 0)
+        self._skips.step_started(trainer, batch_idx % trainer.accumulate_grad_batches == 0)
 
     @override
     def on_train_batch_end(
@@ -313,6 +311,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
             ids, weights = self._owner.trained_ids(batch, epoch_batch_idx), self._owner.weights_of(epoch_batch_idx)
             self._audit.write(trainer.current_epoch, epoch_batch_idx, ids, weights, self._skips.audit_mark())
         if self._owner is not None:  # every rank is here, at the same batch
+            self._log.batch_trained(trainer, self._owner, self._batches.of(trainer.current_epoch, batch_idx))
             batches = self._batches.of(trainer.current_epoch, batches_processed(trainer))
             boundary = partial_accumulation(trainer, batches, batches >= trainer.num_training_batches) is None
             self._preemption.act(trainer, boundary)

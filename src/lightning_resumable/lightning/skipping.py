@@ -21,6 +21,7 @@ from lightning_resumable.core.verification import all_gather_objects
 from lightning_resumable.errors import SkipError
 from lightning_resumable.format.envelope import Envelope
 from lightning_resumable.format.skips import Skip, StepRanges, holes_of, step_ranges
+from lightning_resumable.lightning.data_log import DataLog
 
 __all__ = ["SkippedSteps"]
 
@@ -88,10 +89,14 @@ class SkippedSteps:
             shown = "; ".join(f"rank {rank}: {','.join(each) or 'none'}" for rank, each in enumerate(every))
             raise SkipError(f"the ranks were given different skipped steps ({shown}): give every rank the same")
 
-    def step_started(self, step: int, first_of_step: bool) -> None:
-        """Batch of ``step`` begins: if it is the first step after a skip, the audit log marks it."""
+    def step_started(self, trainer: pl.Trainer, first_of_step: bool) -> None:
+        """A batch begins: if it is the first of the first step after a skip, the audit log marks it and the
+        trainer's logger logs it."""
+        step = trainer.global_step
         found = [skip for skip in self.recorded if skip.at == step] if first_of_step else []
         self._mark = {"steps": str(found[0].steps), "holes": [h.to_list() for h in found[0].holes]} if found else None
+        if found:
+            DataLog.skipped(trainer, step, found[0].steps.steps)
 
     def audit_mark(self) -> dict[str, Any] | None:
         """What the audit log records of the skip the step in training follows (once)."""

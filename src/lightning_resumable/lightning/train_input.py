@@ -8,6 +8,9 @@ tells the kinds apart again.
 
 from __future__ import annotations
 
+import os
+import random
+
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -20,10 +23,18 @@ from lightning_resumable.lightning.owners import LoaderOwner, LoadersOwner
 from lightning_resumable.lightning.stream_owner import StreamOwner
 from lightning_resumable.readers.build import BuildOptions, Built, build_resumable
 
-__all__ = ["TrainOwner", "build_train_input"]
+__all__ = ["TrainOwner", "build_train_input", "run_seed"]
 
 TrainOwner = LoaderOwner | LoadersOwner | StreamOwner | MixtureOwner
 """The owner of any kind of train input."""
+
+
+def run_seed(trainer: pl.Trainer) -> int:
+    """A fresh run's shuffle seed: ``seed_everything``'s (``PL_GLOBAL_SEED``), else one drawn by rank 0 for all."""
+    global_seed = os.environ.get("PL_GLOBAL_SEED")
+    if global_seed is not None:
+        return int(global_seed)
+    return int(trainer.strategy.broadcast(random.SystemRandom().randrange(2**31), src=0))
 
 
 def build_train_input(
