@@ -181,7 +181,56 @@ def draw_chain(seed: int) -> tuple[Scenario, list[Leg]]:
         cursor = (epoch + 1) * per_epoch if kind in ("extend", "last_batch") else index + 1
     keep_workers = scenario.data in STREAMS or scenario.online_mixing
     legs.append(Leg("end", num_workers=scenario.num_workers if keep_workers else draw.choice((0, 1, 2))))
-    return scenario, legs
+    return _with_skip(seed, scenario, legs, per_epoch)
+
+
+SKIPPABLE = ("map", "mixture", "stream", "hf", "wds")
+"""The train inputs whose data a chain's skipped steps pass over (issue 47): not several loaders (refused)."""
+
+
+def _with_skip(seed: int, scenario: Scenario, legs: list[Leg], per_epoch: int) -> tuple[Scenario, list[Leg]]:
+    """A third of the chains skip a range of steps after the last leg's save (so every leg ends where it was drawn,
+    in an epoch the skip has not shortened yet), given from a leg drawn among them (its first: from the start;
+    a later one: at a resume) and kept by the legs after it; the uninterrupted run is given it from the start.
+    A salted draw: a seed's legs and setup are what they were before skips were drawn."""
+    draw = random.Random(seed * 7561 + 4701)
+    if draw.random() >= 1 / 3 or scenario.data not in SKIPPABLE or scenario.sampler == "bucketing":
+        return scenario, legs
+    if scenario.online_mixing:  # a change asked before a resume that skips where it takes effect: docs/long-runs.md
+        return scenario, legs
+    per_step = scenario.accumulate
+    steps_per_epoch = -(-per_epoch // per_step)
+    stops = [leg for leg in legs if leg.kind not in ("early", "end")]
+    last = max(
+        (leg.epoch * steps_per_epoch + (leg.batch + 1 if leg.batch >= 0 else per_epoch) // per_step for leg in stops),
+        default=0,
+    )
+    total = scenario.epochs * steps_per_epoch
+    first = last + 1 + draw.randint(0, 3)
+    length = draw.randint(1, 4)
+    if first + length >= total:
+        return scenario, legs
+    if (
+        scenario.data != "mixture"
+    ):  # an epoch the skip shortens keeps val_check_interval's 2 batches (Lightning's check)
+        kept = [
+            sum(
+                1
+                for step in range(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch)
+                if not first <= step < first + length
+            )
+            for epoch in range(scenario.epochs)
+        ]
+        if min(kept) * per_step < 2:
+            return scenario, legs
+    skip = ("skip_steps", f"{first}-{first + length - 1}")
+    given = draw.randrange(len(legs))  # the leg from which it is given: the first, or one that resumes
+    options = [skip]
+    legs = [
+        replace(leg, config=(("callback_options", options if index >= given else []),))
+        for index, leg in enumerate(legs)
+    ]
+    return replace(scenario, callback_options=(skip,)), legs
 
 
 def _as_one_run(scenario: Scenario, **changed: object) -> Scenario:

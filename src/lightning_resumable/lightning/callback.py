@@ -164,9 +164,8 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
 
     def take(self, owner: TrainOwner, current_epoch: int) -> None:
         """Take ownership of the train input's position (`lightning_resumable.lightning.train_input` built ``owner``)
-        before its loaders are iterated: apply a restored state once, or else select the trainer's current
-        epoch (a loader reloaded mid-run may be iterated, with prefetching workers, before Lightning's
-        ``set_epoch``)."""
+        before its loaders are iterated: apply a restored state once, else select the trainer's current epoch (a
+        reloaded loader may be iterated, with prefetching workers, before Lightning's ``set_epoch``); and skips."""
         previous, self._owner, restored, self._pending = self._owner, owner, self._pending, None
         verify = self.verify
         if previous is not None:  # a reload: the last loader's workers end before the new ones fork
@@ -242,7 +241,8 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         refuse_partial_accumulation(envelope.partial_accumulation)
         if self._owner is not None:
             self._discard_early_loader()
-        self._pending, self._skips.checkpoint = envelope.state, envelope.skips
+        self._pending = envelope.state
+        self._skips.restored(envelope.skips)
 
     def _discard_early_loader(self) -> None:
         """A strategy that restores after ``setup`` (FSDP, ``ModelParallelStrategy``, DeepSpeed) may have built
@@ -265,6 +265,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         if trainer.state.fn == TrainerFn.FITTING:  # validate/test/predict from a checkpoint read no train stream
             refuse_missing_state(checkpoint, self.state_key)
             self._loops.restored(checkpoint)
+            self._skips.checkpoint_step = int(checkpoint.get("global_step", 0))
             if ends_its_epoch_by_count(checkpoint, self.state_key, trainer.world_size):
                 ended_epoch_resumes_at_the_next(checkpoint)
 

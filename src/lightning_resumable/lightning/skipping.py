@@ -38,10 +38,17 @@ class SkippedSteps:
         self.recorded: tuple[Skip, ...] = ()  # in force in this fit, in the order they were made
         self.checkpoint: tuple[Skip, ...] | None = None  # restored, not yet applied
         self._planned = False  # the given ranges were planned in this fit
+        self.checkpoint_step: int | None = None  # the restored checkpoint's global_step (its loops may not be yet)
         self._mark: dict[str, Any] | None = None  # the skip whose first step trains now, for the audit log
 
     def new_fit(self) -> None:
         self.recorded, self.checkpoint, self._planned, self._mark = (), None, False, None
+        self.checkpoint_step = None
+
+    def restored(self, skips: tuple[Skip, ...]) -> None:
+        """A checkpoint's skips, for the loader taken next; what was planned before (a loader built before the
+        restore, as ``estimated_stepping_batches`` builds it) is planned again from the checkpoint's step."""
+        self.recorded, self.checkpoint, self._planned = (), skips, False
 
     def take(self, owner: Any, trainer: pl.Trainer | None, position: Callable[[], None]) -> None:
         """Give ``owner`` the holes in force, run ``position`` (its restore or fresh start), then plan the given
@@ -61,7 +68,9 @@ class SkippedSteps:
         new = [each for each in self.ranges if each not in known]
         if not new:
             return
-        step = trainer.global_step
+        # A loader rebuilt in the restore (built before it, by estimated_stepping_batches) is taken before Lightning
+        # restores its loops: the step the run resumes at is the checkpoint's.
+        step = trainer.global_step if self.checkpoint_step is None else self.checkpoint_step
         for each in new:
             if each.first < step:
                 raise SkipError(
