@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from . import processes, train
+from .chains import Leg, run_chain
 from .harness import RUN_TIMEOUT_S, WITH_PARAMETERS, Outcome, Runner, Scenario, stream_order
 
 pytest.importorskip("litdata")
@@ -150,3 +151,23 @@ def test_the_llm_example_resumes_at_new_weights_as_the_changed_schedule(tmp_path
             f"rank {rank}: 30 steps; the stopped and resumed run has the same blocks in 30, loss bits in 30" in output
         )
     assert output.count("after it: web 0.50, code 0.50") == 2, output[-2000:]
+
+
+def test_a_chunked_mixture_rolled_back_with_skips_equals_the_run_given_them_from_the_start(
+    sharded_runner: Runner,
+) -> None:
+    """Issue 47 on the LLM data path: LitData chunks, token blocks and Mosaic shards read chunk by chunk; steps 3-6
+    (across epoch 0's end) skipped at a resume from step 2, the recovered run killed and resumed: it trains what a
+    run given the skip from the start trains (ids, augmentations, loss and parameter bits, validations)."""
+    scenario = replace(SHARDED, epochs=3, extra_saves_every=2)
+    skipping = (("callback_options", [("skip_steps", "3-6")]),)
+    root = sharded_runner.root  # the sources are read from the run directory's parent
+    reference = run_chain(root / "skips-sharded-reference", scenario, [Leg("end", config=skipping)])
+    legs = [
+        Leg("batch_end", epoch=0, batch=1),
+        Leg("kill", epoch=1, batch=1, config=skipping),
+        Leg("end", config=skipping),
+    ]
+    steps, validations = run_chain(root / "skips-sharded-recovered", scenario, legs)
+    assert steps == reference[0] and validations == reference[1]
+    assert all(len(each) == 3 * SHARDED.batches_per_epoch for each in steps.values())  # a mixture's epochs keep length
