@@ -11,6 +11,8 @@ them. The script then does what a user of a long run does:
    (``lightning_resumable.tools.step_batches``, the ``batches`` command's function): the steps that read
    corrupt blocks are the ones to skip;
 4. rolls back to the last checkpoint before them and resumes with ``ResumableDataCallback(skip_steps=...)``;
+   the recovered run is killed with SIGKILL (its whole process group, workers included) after a checkpoint at
+   step 50 and resumed from it, its config unchanged (the skip is in the checkpoint);
 5. trains a reference run given the same skip from the start, and compares step by step, on every rank, the
    blocks each step read and its loss, bit for bit.
 
@@ -22,10 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -40,7 +45,7 @@ from lightning_resumable.tools.step_batches import step_batches
 
 SOURCES = {"web": (0, 300), "code": (100_000, 300)}  # name: (first block id, blocks)
 CORRUPT = range(100_150, 100_190)  # block ids of "code" whose tokens are noise
-BLOCK, VOCAB, BATCH_SIZE, STEPS, SEED, EVERY = 32, 97, 4, 60, 7, 5
+BLOCK, VOCAB, BATCH_SIZE, STEPS, SEED, EVERY, KILL_AT = 32, 97, 4, 60, 7, 5, 50
 
 
 class Blocks(Dataset[torch.Tensor]):
@@ -73,8 +78,9 @@ class TokenData(ResumableDataModule, L.LightningDataModule):
 
 
 class TinyGPT(L.LightningModule):
-    def __init__(self, record_path: str) -> None:
+    def __init__(self, record_path: str, kill_at: Path | None = None) -> None:
         super().__init__()
+        self.kill_at = kill_at  # save there after step KILL_AT, then wait for the driver's SIGKILL
         self.embed = torch.nn.Embedding(VOCAB, 32)
         self.position = torch.nn.Parameter(torch.randn(BLOCK - 1, 32) * 0.02)
         self.block = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
@@ -92,12 +98,17 @@ class TinyGPT(L.LightningModule):
         record = {"step": self.global_step - 1, "ids": batch[:, 0].tolist(), "loss": outputs["loss"].item()}
         with open(f"{self.record_path}.rank{self.global_rank}.jsonl", "a") as file:
             file.write(json.dumps(record) + "\n")
+        if self.kill_at is not None and self.global_step == KILL_AT:
+            self.trainer.save_checkpoint(self.kill_at)  # every rank takes part; rank 0 writes it
+            Path(f"{self.kill_at}.rank{self.global_rank}.saved").touch()
+            while True:  # the driver kills the whole process group with SIGKILL, as a lost node ends a job
+                time.sleep(1)
 
     def configure_optimizers(self) -> Any:
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
 
-def train(work: Path, phase: str, skip: str | None, checkpoint: str | None) -> None:
+def train(work: Path, phase: str, skip: str | None, checkpoint: str | None, kill_at: Path | None) -> None:
     """One run, on 2 processes (Lightning starts the second by running this command again)."""
     warnings.filterwarnings("ignore")
     L.seed_everything(SEED, verbose=False)
@@ -114,14 +125,27 @@ def train(work: Path, phase: str, skip: str | None, checkpoint: str | None) -> N
         enable_model_summary=False,
         default_root_dir=work,
     )
-    trainer.fit(TinyGPT(str(work / phase)), TokenData(), ckpt_path=checkpoint)
+    trainer.fit(TinyGPT(str(work / phase), kill_at), TokenData(), ckpt_path=checkpoint)
 
 
-def run(work: Path, phase: str, skip: str | None = None, checkpoint: Path | None = None) -> list[list[dict[str, Any]]]:
+def run(
+    work: Path, phase: str, skip: str | None = None, checkpoint: Path | None = None, kill_at: Path | None = None
+) -> list[list[dict[str, Any]]]:
+    """Run a phase in a process group of its own; with ``kill_at``, SIGKILL the group once both ranks saved there."""
     command = [sys.executable, __file__, "--phase", phase, "--work", str(work)]
     command += ["--skip", skip] if skip else []
     command += ["--checkpoint", str(checkpoint)] if checkpoint else []
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    command += ["--kill-at", str(kill_at)] if kill_at else []
+    with (work / f"{phase}.log").open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=log, start_new_session=True)
+        if kill_at is not None:
+            saved = [Path(f"{kill_at}.rank{rank}.saved") for rank in (0, 1)]
+            while not all(path.exists() for path in saved) and process.poll() is None:
+                time.sleep(0.1)
+            os.killpg(process.pid, signal.SIGKILL)  # the launcher, both ranks and their loader workers
+            process.wait()
+        elif process.wait(timeout=600):
+            sys.exit(f"the {phase} run failed; see {work / phase}.log")
     return [
         [json.loads(line) for line in (work / f"{phase}.rank{rank}.jsonl").read_text().splitlines()] for rank in (0, 1)
     ]
@@ -143,9 +167,10 @@ def main() -> None:
     parser.add_argument("--work", type=Path)
     parser.add_argument("--skip")
     parser.add_argument("--checkpoint")
+    parser.add_argument("--kill-at", type=Path)
     arguments = parser.parse_args()
     if arguments.phase:
-        train(arguments.work, arguments.phase, arguments.skip, arguments.checkpoint)
+        train(arguments.work, arguments.phase, arguments.skip, arguments.checkpoint, arguments.kill_at)
         return
     with tempfile.TemporaryDirectory(prefix="loss-spike-") as directory:
         work = Path(directory)
@@ -171,7 +196,11 @@ def main() -> None:
             f" (by `batches` from step={before}.ckpt); rolling back to step={checkpoint_step}.ckpt and skipping them"
         )
         skip = f"{first}-{last}"
-        recovered = run(work, "recovered", skip, saved[checkpoint_step])
+        killed = run(work, "recovered", skip, saved[checkpoint_step], kill_at=work / "killed.ckpt")
+        print(f"the recovered run was killed (SIGKILL to its process group) after a checkpoint at step {KILL_AT}")
+        recovered = [steps[: KILL_AT - checkpoint_step] for steps in killed]  # what its checkpoint holds
+        resumed = run(work, "resumed", skip, work / "killed.ckpt")  # the same config: the skip is the checkpoint's
+        recovered = [before + after for before, after in zip(recovered, resumed, strict=True)]
         reference = run(work, "reference", skip)
         exact = True
         for rank in (0, 1):

@@ -143,8 +143,9 @@ def test_a_range_before_the_checkpoints_step_is_refused_before_any_step(runner: 
 
 def test_the_loss_spike_example_recovers_exactly(tmp_path: Path) -> None:
     """``examples/loss_spike.py``: a tiny GPT on a token mixture with a corrupt region, the spike found, its steps
-    listed by ``batches``, rolled back and skipped: the recovered run equals the reference given the skip from the
-    start (ids and loss bits), 2 processes, 2 workers, each run ending as a user's process does."""
+    listed by ``batches``, rolled back and skipped, the recovered run killed by SIGKILL to its process group and
+    resumed: it equals the reference given the skip from the start (ids and loss bits), 2 processes, 2 workers,
+    each other run ending as a user's process does."""
     example = Path(__file__).resolve().parents[2] / "examples" / "loss_spike.py"
     log = tmp_path / "example.log"
     code = processes.run_tree(
@@ -153,6 +154,7 @@ def test_the_loss_spike_example_recovers_exactly(tmp_path: Path) -> None:
     output = log.read_text()
     assert code == 0 and "EXACT: the recovered run equals" in output, output[-4000:]
     assert "steps 37-47 read the 40 corrupt blocks" in output  # every corrupt block of the region, by batches
+    assert "the recovered run was killed (SIGKILL to its process group) after a checkpoint at step 50" in output
     for rank in range(2):
         assert (
             f"rank {rank}: 60 steps; the rolled-back run equals the reference in ids at 60, loss bits at 60" in output
