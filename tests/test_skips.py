@@ -144,3 +144,14 @@ def test_skips_are_recorded_in_the_envelope_and_read_back() -> None:
     for damaged in ([], [{"steps": [3, 1], "at": 3, "holes": []}], [{"steps": [1, 2], "at": -1, "holes": []}]):
         with pytest.raises(StateFormatError):
             parse({**raw, "skips": damaged})
+
+
+def test_ranks_given_different_ranges_are_refused_on_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rank gathers every rank's ranges before any step; one that differs is named, on every rank."""
+    from lightning_resumable.lightning import skipping
+
+    monkeypatch.setattr(skipping, "all_gather_objects", lambda given: [given, ["3-9"]])
+    with pytest.raises(SkipError, match=r"rank 0: 3-6; rank 1: 3-9\): give every rank the same"):
+        skipping.SkippedSteps("3-6")._agree()
+    monkeypatch.setattr(skipping, "all_gather_objects", lambda given: [given, given])
+    skipping.SkippedSteps("3-6")._agree()  # the same everywhere: accepted

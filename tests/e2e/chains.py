@@ -105,8 +105,11 @@ class Leg:
         assert self.kind in LEG_KINDS, self.kind
 
 
-def run_chain(run_dir: Path, scenario: Scenario, legs: Sequence[Leg]) -> tuple[Records, Records]:
-    """Run ``legs`` in turn in ``run_dir``; per rank, the steps and the validations of every leg, in order.
+def run_chain(
+    run_dir: Path, scenario: Scenario, legs: Sequence[Leg], resume_from: Path | None = None
+) -> tuple[Records, Records]:
+    """Run ``legs`` in turn in ``run_dir`` (the first resuming from ``resume_from``, if given); per rank, the steps
+    and the validations of every leg, in order.
 
     Raises:
         AssertionError: a leg hung, ended otherwise than its kind does, or wrote no checkpoint.
@@ -114,7 +117,7 @@ def run_chain(run_dir: Path, scenario: Scenario, legs: Sequence[Leg]) -> tuple[R
     world_size = scenario.world_size
     steps: Records = {rank: [] for rank in range(world_size)}
     validations: Records = {rank: [] for rank in range(world_size)}
-    previous: Path | None = None
+    previous: Path | None = resume_from
     run_dir.mkdir(parents=True, exist_ok=True)
     for index, leg in enumerate(legs):
         phase, checkpoint = f"leg{index}", run_dir / f"leg{index}.ckpt"

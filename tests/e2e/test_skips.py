@@ -139,6 +139,10 @@ def test_a_range_before_the_checkpoints_step_is_refused_before_any_step(runner: 
         run_chain(root, scenario, legs)
     assert "SkipError: the skipped steps 1-4 start before step 3, where the run resumes" in str(raised.value)
     assert read_records(root, "leg1", 2) == {0: [], 1: []}, "a step trained before the refusal"
+    # The checkpoint is still resumable: without the bad range, the run from it is the uninterrupted one.
+    rest = run_chain(root / "again", scenario, [Leg("end")], resume_from=root / "leg0.ckpt")[0]
+    full = run_chain(root / "full", scenario, [Leg("end")])[0]
+    assert {rank: steps[:3] + rest[rank] for rank, steps in full.items()} == full
 
 
 def test_the_loss_spike_example_recovers_exactly(tmp_path: Path) -> None:
