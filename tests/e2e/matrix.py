@@ -305,12 +305,12 @@ def stopped_mismatches(full: Records, stopped: Records) -> list[str]:
 def seeds(found: tuple[int, ...] = (), fixed: tuple[int, ...] = CI_SEEDS) -> list[int]:
     """The seeds to run: ``E2E_MATRIX_SEEDS``, or ``E2E_MATRIX_SOAK`` fresh ones, or CI's (``fixed`` and ``found``)."""
     if os.environ.get("E2E_MATRIX_SEEDS"):
-        return [int(each) for each in os.environ["E2E_MATRIX_SEEDS"].split(",")]
+        return list(dict.fromkeys(int(each) for each in os.environ["E2E_MATRIX_SEEDS"].split(",")))
     soak = int(os.environ.get("E2E_MATRIX_SOAK", "0"))
     if soak:
         fresh = random.SystemRandom()
         return [fresh.randrange(10**6, 10**9) for _ in range(soak)]
-    return [*fixed, *found]
+    return list(dict.fromkeys((*fixed, *found)))  # once each: a seed's runs share a directory
 
 
 LIBRARY_DATA = ("litdata", "litdata", "litdata-combined", "mosaic", "mosaic")
