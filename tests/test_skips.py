@@ -3,16 +3,24 @@ them exactly what the stream without them holds elsewhere, on any world size, re
 
 from __future__ import annotations
 
+from typing import Any
+
+import lightning as L
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader
 
+from lightning_resumable import ResumableDataCallback, ResumableDataModule
 from lightning_resumable.core.sampler import ResumableSampler
 from lightning_resumable.core.skips import from_stream, plan, position_in_stream
 from lightning_resumable.core.step_layout import sampler_layout
 from lightning_resumable.errors import SkipError, StateFormatError
 from lightning_resumable.format.envelope import Envelope, LoaderState, parse
 from lightning_resumable.format.skips import Hole, Skip, StepRange, step_ranges
+
+from .helpers import Counting
 
 
 def test_ranges_are_read_in_every_spelling_and_sorted() -> None:
@@ -155,3 +163,62 @@ def test_ranks_given_different_ranges_are_refused_on_every_rank(monkeypatch: pyt
         skipping.SkippedSteps("3-6")._agree()
     monkeypatch.setattr(skipping, "all_gather_objects", lambda given: [given, given])
     skipping.SkippedSteps("3-6")._agree()  # the same everywhere: accepted
+
+
+def test_batches_names_a_chunked_sources_chunk_for_each_sample() -> None:
+    """``batches`` of a mixture gives ``[source, index, chunk]`` for a chunked source (chunks of 4, 4 and 2 samples)
+    and ``[source, index]`` for another."""
+    from lightning_resumable import Chunked, Mixture
+    from lightning_resumable.tools.step_batches import _locator
+
+    mixture = Mixture({"a": Chunked(list(range(10)), [4, 4, 2]), "b": list(range(5))}, {"a": 0.5, "b": 0.5})
+    locate = _locator(mixture)
+    assert [locate(index) for index in (0, 3, 4, 8, 9)] == [
+        ["a", 0, 0],
+        ["a", 3, 0],
+        ["a", 4, 1],
+        ["a", 8, 2],
+        ["a", 9, 2],
+    ]
+    assert locate(10) == ["b", 0]
+
+
+class _StreamData(ResumableDataModule, L.LightningDataModule):
+    def train_dataloader(self) -> Any:
+        return DataLoader(Counting(24), batch_size=4)  # 6 batches an epoch
+
+
+class _Recorder(L.Callback):
+    def __init__(self) -> None:
+        self.ids: list[list[int]] = []
+
+    def on_train_batch_end(self, trainer: L.Trainer, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.ids.append([int(value) for value in batch[:, 0].tolist()])
+
+
+class _Model(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("reload", [0, 1])
+def test_a_streams_discard_cut_by_an_epochs_end_goes_on_in_a_loader_built_again(reload: int) -> None:
+    """Steps 4-7 of 6-batch epochs: epoch 0's batches 4 and 5, epoch 1's 0 and 1, read and discarded. With
+    ``reload_dataloaders_every_n_epochs=1`` epoch 1 reads a new loader, whose owner is new: the two batches the end
+    of epoch 0 cut off are still discarded (they were lost with the last owner)."""
+    recorder = _Recorder()
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, reload_dataloaders_every_n_epochs=reload,
+        callbacks=[ResumableDataCallback(skip_steps="4-7"), recorder],
+    )  # fmt: skip
+    trainer.fit(_Model(), _StreamData())
+    epoch = [list(range(start, start + 4)) for start in range(0, 24, 4)]
+    assert recorder.ids == epoch[:4] + epoch[2:]

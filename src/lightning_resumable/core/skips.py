@@ -62,7 +62,7 @@ class Layout:
         epoch, batch, at = self.epoch, self.batch, self.step
         while True:
             batches = self.batches_in(epoch)
-            if batches <= batch and batch == 0:
+            if batches == 0:
                 raise SkipError(f"epoch {epoch} holds no batch: the steps after it cannot be placed")
             left = -(-(batches - batch) // self.accumulate)  # the last window of an epoch may be short
             if step < at + left:

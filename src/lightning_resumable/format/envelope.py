@@ -11,7 +11,7 @@ The envelope (``format`` 1, from 0.3.0)::
      "state": <the kind's state>,             # not for "unresumable"
      "reason": "...",                         # "unresumable" only: why no state could be written
      "partial_accumulation": {...},           # a save inside a gradient accumulation window
-     "skips": [{"steps": [a, b], "holes": [[epoch, start, length], ...]}, ...]}  # skipped steps (0.4.0 on)
+     "skips": [{"steps": [a, b], "at": step, "holes": [[epoch, start, length], ...]}, ...]}  # (0.4.0 on)
 
 ``keys``: the key derivation (`lightning_resumable.format._keys`) the stream was drawn with. Before 0.3.0
 there was no envelope: the kind was told by its keys (``train``, ``loaders``, ``stream`` or

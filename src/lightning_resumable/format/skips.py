@@ -98,7 +98,11 @@ def step_ranges(given: StepRanges) -> tuple[StepRange, ...]:
 @dataclass(frozen=True)
 class Hole:
     """Positions ``start`` to ``start + length`` of ``epoch``'s stream (``None``: a mixture's one stream across
-    epochs), in the stream as the earlier holes left it, that no rank reads."""
+    epochs), in the stream as the earlier holes left it, that no rank reads.
+
+    A stream's position is its readers' state, not a number: its hole counts one rank's batches, read and
+    discarded: ``(None, step, batches)`` before they are (at that step), ``(epoch, batch, batches)`` where they
+    were (`lightning_resumable.lightning.stream_owner`)."""
 
     epoch: int | None
     start: int

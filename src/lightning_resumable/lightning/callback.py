@@ -212,7 +212,7 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         at = SavePoint.of(trainer, self.shuffle_seed(trainer), batches, collective, self.verify)
         with global_generators_kept():  # a save fetches the next batch again: it must not change the run's draws
             envelope = self._owner.envelope(at, lambda ended: partial_accumulation(trainer, batches, ended))
-            return self._skips.enveloped(envelope, self._owner).to_dict()
+            return self._skips.enveloped(envelope).to_dict()
 
     def _capture(self, trainer: pl.Trainer, collective: bool = True) -> None:
         """Every rank's data state where all ranks act on a preemption (collective), or on one rank before an exception

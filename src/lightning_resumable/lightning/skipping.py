@@ -40,10 +40,15 @@ class SkippedSteps:
         self._planned = False  # the given ranges were planned in this fit
         self.checkpoint_step: int | None = None  # the restored checkpoint's global_step (its loops may not be yet)
         self._mark: dict[str, Any] | None = None  # the skip whose first step trains now, for the audit log
+        self._owner: Any = None  # the train input's owner these skips were last given to
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with its callback (``torch.save(trainer)``): the owner it holds for the fit is left behind."""
+        return {**self.__dict__, "_owner": None}
 
     def new_fit(self) -> None:
         self.recorded, self.checkpoint, self._planned, self._mark = (), None, False, None
-        self.checkpoint_step = None
+        self.checkpoint_step, self._owner = None, None
 
     def restored(self, skips: tuple[Skip, ...]) -> None:
         """A checkpoint's skips, for the loader taken next; what was planned before (a loader built before the
@@ -55,6 +60,9 @@ class SkippedSteps:
         ranges from there (once per fit) and give it their holes too."""
         if self.checkpoint is not None:
             self.recorded, self.checkpoint = self.checkpoint, None
+        elif self._owner is not None:  # a loader built again in the fit: what the last one did of the skips goes on
+            self.recorded = self._owner.recorded_skips(self.recorded)
+        self._owner = owner
         if self.recorded or self.ranges:
             owner.set_holes(holes_of(self.recorded))
             if trainer is not None:
@@ -112,8 +120,8 @@ class SkippedSteps:
         mark, self._mark = self._mark, None
         return mark
 
-    def enveloped(self, envelope: Envelope, owner: Any) -> Envelope:
+    def enveloped(self, envelope: Envelope) -> Envelope:
         """``envelope`` with the skips in force recorded (a state that holds none keeps none)."""
-        if envelope.state is None or not self.recorded:
+        if envelope.state is None or not self.recorded or self._owner is None:
             return envelope
-        return replace(envelope, skips=owner.recorded_skips(self.recorded))
+        return replace(envelope, skips=self._owner.recorded_skips(self.recorded))

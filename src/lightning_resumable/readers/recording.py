@@ -114,42 +114,36 @@ class PassRecord:
             self._states[self.batches] = self._state()
         self._states.pop(self.batches - _KEPT, None)
         self._read.pop(self.batches - _KEPT, None)
+        read = self._next()
+        if read is None:
+            return False
+        self._read[self.batches], self._ahead = read[0], read
+        return True
+
+    def _next(self) -> tuple[Any] | None:
+        """The source's next batch (in a 1-tuple), the global generators put back if the samples are read here;
+        ``None``: the pass has run out, its end recorded."""
+        assert self._source is not None
         saved = randomness.GlobalGeneratorState() if self._restore_globals else None
         try:
-            batch = next(self._source)
+            return (next(self._source),)
         except StopIteration:
             self._finished_at = self.batches
             if self._state is not None and self._state_at_end:
                 self._states[self.batches] = self._state()
-            return False
+            return None
         finally:
             if saved is not None:
                 saved.restore()
-        self._read[self.batches], self._ahead = batch, (batch,)
-        return True
 
     def _discard(self) -> bool:
         """Read and discard the batches skipped before batch ``self.batches`` (its state is then the one after
-        them); False: the pass ran out (what is left to discard goes to the next epoch: ``carried``)."""
+        them); False: the pass ran out (what was left to discard is reported to ``discarded``)."""
         due = self._discard_at.pop(self.batches, 0)
-        if not due:
-            return True
-        assert self._source is not None
         read = 0
-        while read < due:
-            saved = randomness.GlobalGeneratorState() if self._restore_globals else None
-            try:
-                next(self._source)
-            except StopIteration:
-                self._finished_at = self.batches
-                if self._state is not None and self._state_at_end:
-                    self._states[self.batches] = self._state()
-                break
-            finally:
-                if saved is not None:
-                    saved.restore()
+        while read < due and self._next() is not None:
             read += 1
-        if self.discarded is not None:
+        if due and self.discarded is not None:
             self.discarded(self.epoch, self.batches, read, due - read)
         return read == due
 

@@ -9,13 +9,16 @@ determine the order (a stream, a batch sampler, a weighted or subset sampler, se
 changed earlier), `OrderUnknownError` says so: the audit log (``audit_dir``) holds what was trained.
 
 A mixture's order also depends on its schedule, which is configuration, not state: pass the ``Mixture`` the run
-builds (``mixture=``) and each sample is ``[source, index]`` (its chunk too, for a chunked source).
+builds (``mixture=``) and each sample is ``[source, index]`` (its chunk too, for a chunked source). Its stream is
+computed from the run's start with that schedule and the weights the training set (the checkpoint records
+those): a run whose weights or sources changed at a resume read another stream before it (its audit log holds it).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+import itertools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,7 +85,7 @@ class _Steps:
     def __init__(self, sampler: ResumableSampler, state: DataState, step: int, accumulate: int, limit: Any) -> None:
         sampler.restore(state)
         self.layout: Layout = sampler_layout(sampler, step, accumulate, limit)
-        self.sampler, self.state, self.step, self.accumulate, self.limit = sampler, state, step, accumulate, limit
+        self.sampler, self.step, self.accumulate, self.limit = sampler, step, accumulate, limit
 
     def place(self, step: int) -> tuple[int, int]:
         if step >= self.step:
@@ -144,6 +147,7 @@ def step_batches(
         raise OrderUnknownError(f"the checkpoint's epoch resumed on another world size mid-epoch; {_AUDIT}")
     holes = tuple(hole for skip in envelope.skips for hole in skip.holes)
     wanted: tuple[StepRange, ...] = step_ranges(steps)
+    locate = _locator(mixture) if mixture is not None else None
     listed = []
     for rank in ranks if ranks is not None else range(state.world_size):
         if not 0 <= rank < state.world_size:
@@ -164,17 +168,20 @@ def step_batches(
                 last = min(first + accumulate_grad_batches, where.batches_in(epoch))
                 reader.set_epoch(epoch)
                 indices = [index for batch in range(first, last) for index in reader.batch_indices(batch)]
-                samples: list[Any] = indices if mixture is None else [_located(mixture, index) for index in indices]
+                samples: list[Any] = indices if locate is None else [locate(index) for index in indices]
                 listed.append(StepBatch(step, rank, epoch, tuple(range(first, last)), samples, step < global_step))
     return sorted(listed, key=lambda entry: (entry.step, entry.rank))
 
 
-def _located(mixture: Mixture, index: int) -> list[Any]:
-    name, within = mixture.locate(index)
-    chunks = mixture.chunks.get(name)
-    if chunks is None:
-        return [name, within]
-    offsets = [0]
-    for size in chunks.sizes:
-        offsets.append(offsets[-1] + size)
-    return [name, within, bisect.bisect_right(offsets, within) - 1]
+def _locator(mixture: Mixture) -> Callable[[int], list[Any]]:
+    """A mixture index as ``[source, index]``, and ``[source, index, chunk]`` in a chunked source (the chunks'
+    first indices summed once)."""
+    starts = {name: list(itertools.accumulate(chunks.sizes, initial=0)) for name, chunks in mixture.chunks.items()}
+
+    def locate(index: int) -> list[Any]:
+        name, within = mixture.locate(index)
+        if name not in starts:
+            return [name, within]
+        return [name, within, bisect.bisect_right(starts[name], within) - 1]
+
+    return locate
