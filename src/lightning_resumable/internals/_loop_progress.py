@@ -157,11 +157,11 @@ def epoch_resumes_where_its_batches_stopped(trainer: pl.Trainer, checkpoint: dic
     # After an epoch's end (its last batch completed: a save where the fit loop raises Lightning's SIGTERMException)
     # no next epoch is in progress; an unsized loader's count of batches is below its infinite length there too.
     ended = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch and trained == done
-    in_next = started == _processed(epoch) == trainer.current_epoch and 0 < done < trainer.num_training_batches
+    in_next = started == _processed(epoch) == trainer.current_epoch and 0 < done <= trainer.num_training_batches
     if running and in_next and not ended:
         # Lightning's restart from an epoch's last batch ends that epoch without marking the next one started
-        # (its progress stays ready = started = processed): a save inside the next one would resume the epoch
-        # before it. The epoch in progress is written as started.
+        # (its progress stays ready = started = processed): a save inside the next one, or in its last batch's end
+        # (before Lightning ends it), would resume the epoch before it. The epoch in progress is written as started.
         for part in ("total", "current"):
             progress[part]["ready"] = progress[part]["started"] = progress[part]["processed"] + 1
         loops["epoch_progress"] = progress
