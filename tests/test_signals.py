@@ -320,6 +320,10 @@ def test_a_real_loaders_workers_serve_their_pass_through_a_schedulers_sigterm(
     else:  # torch's SIGCHLD handler raises wherever this process is when a worker dies: anywhere in served()
         with pytest.raises(RuntimeError, match=r"killed by signal: Terminated|exited unexpectedly"):
             served()
+        # Raised before worker 1 was signalled (the first worker's death came first), worker 1 still waits in its
+        # sample for its file: its iterator, freed with this test, then waited 5 s to join it (1 CI run in many).
+        for worker in range(2):
+            (tmp_path / f"signalled{worker}").touch()
 
 
 def test_a_schedulers_sigterm_while_a_loader_shuts_its_workers_down_fails_nothing(
