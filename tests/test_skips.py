@@ -19,6 +19,7 @@ from lightning_resumable.core.step_layout import sampler_layout
 from lightning_resumable.errors import SkipError, StateFormatError
 from lightning_resumable.format.envelope import Envelope, LoaderState, parse
 from lightning_resumable.format.skips import Hole, Skip, StepRange, step_ranges
+from lightning_resumable.format.state import DataState
 
 from .helpers import Counting
 
@@ -130,6 +131,58 @@ def test_a_restore_anywhere_on_any_world_size_reads_the_rest_around_the_holes(
     expected_rest = whole[position:]
     usable = len(expected_rest) // resumed_world * resumed_world
     assert read == sorted(expected_rest[:usable])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    world=st.integers(1, 4),
+    resumed_world=st.integers(1, 4),
+    cut=st.integers(0, 4),
+    ahead=st.integers(0, 6),
+    length=st.integers(1, 3),
+    accumulate=st.integers(1, 2),
+)
+def test_a_skip_given_at_a_resume_on_another_world_size_is_placed_in_the_steps_the_checkpoint_numbered(
+    world: int, resumed_world: int, cut: int, ahead: int, length: int, accumulate: int
+) -> None:
+    """Issue 53: the steps of a range given at a resume are the steps of the run that wrote the checkpoint: the holes
+    are those its own world size plans from the state, and the resumed run reaches the first at the step whose
+    batches read its start, on its own world size."""
+    size, batch = 61, 2
+
+    def restored(ranks: int) -> ResumableSampler:
+        resumed = ResumableSampler(range(size), num_replicas=ranks, rank=0, seed=0, batch_size=batch)
+        resumed.load_state_dict(state)
+        return resumed
+
+    first_run = ResumableSampler(range(size), num_replicas=world, rank=0, seed=5, batch_size=batch)
+    cut = min(cut * accumulate, len(first_run) // batch)
+    state = first_run.state_dict(cut)
+    step = cut // accumulate
+    wanted = StepRange(step + ahead, step + ahead + length - 1)
+    try:
+        oracle = plan([wanted], sampler_layout(restored(world), step, accumulate, None))
+    except SkipError:  # passes over a whole epoch: refused on any world size
+        return
+    written = DataState.from_dict(state) if world != resumed_world else None
+    resumed = restored(resumed_world)
+    (skip,) = plan([wanted], sampler_layout(resumed, step, accumulate, None, written))
+    assert skip.holes == oracle[0].holes
+    resumed.holes = skip.holes
+    here = sampler_layout(resumed, step, accumulate, None)
+    at = here.step_reading(skip.holes[0])
+    epoch, position = skip.holes[0].epoch, skip.holes[0].start
+    assert epoch is not None
+    if position >= resumed.epoch_length(epoch):  # it takes the epoch's rest: the next epoch's first step is after it
+        epoch, position = epoch + 1, 0
+
+    def starts(at_step: int) -> tuple[int, int]:
+        placed = here.place(at_step)
+        return placed[0], here.position_of(*placed)
+
+    assert starts(at) <= (epoch, position) < starts(at + 1)
+    if world == resumed_world:
+        assert at == wanted.first
 
 
 def test_positions_map_to_the_stream_and_back() -> None:

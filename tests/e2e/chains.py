@@ -96,12 +96,14 @@ LEG_KINDS = (
 @dataclass(frozen=True)
 class Leg:
     """How one leg ends: ``kind`` at batch ``batch`` of epoch ``epoch`` (``extend``: after epoch ``epoch``);
-    ``num_workers``: this leg's loader workers, where it differs from the scenario's."""
+    ``num_workers``: this leg's loader workers, where it differs from the scenario's; ``world_size``: its
+    processes, where they differ (a resume on another world size; the records of ranks it lacks end before it)."""
 
     kind: str
     epoch: int = -1
     batch: int = -1
     num_workers: int | None = None
+    world_size: int | None = None
     config: tuple[tuple[str, object], ...] = ()
     """What this leg's config sets otherwise than the scenario's (``callback_options``, ``audit_dir``)."""
 
@@ -118,12 +120,13 @@ def run_chain(
     Raises:
         AssertionError: a leg hung, ended otherwise than its kind does, or wrote no checkpoint.
     """
-    world_size = scenario.world_size
-    steps: Records = {rank: [] for rank in range(world_size)}
-    validations: Records = {rank: [] for rank in range(world_size)}
+    most = max([scenario.world_size, *(leg.world_size or 0 for leg in legs)])
+    steps: Records = {rank: [] for rank in range(most)}
+    validations: Records = {rank: [] for rank in range(most)}
     previous: Path | None = resume_from
     run_dir.mkdir(parents=True, exist_ok=True)
     for index, leg in enumerate(legs):
+        world_size = leg.world_size or scenario.world_size
         phase, checkpoint = f"leg{index}", run_dir / f"leg{index}.ckpt"
         for stale in (run_dir / "extra.ckpt", *run_dir.glob("extra.rank*.json"), run_dir / "on_exception.ckpt"):
             stale.unlink(missing_ok=True)  # a leg resumes from what it wrote itself
@@ -168,4 +171,5 @@ def run_chain(
             steps[rank] += kept[0][rank]
             validations[rank] += kept[1][rank]
         previous = checkpoint
-    return steps, validations
+    ran = [rank for rank in steps if rank < scenario.world_size or steps[rank]]  # a later leg's ranks: if they ran
+    return {rank: steps[rank] for rank in ran}, {rank: validations[rank] for rank in ran}

@@ -163,3 +163,43 @@ def test_the_loss_spike_example_recovers_exactly(tmp_path: Path) -> None:
         assert (
             f"rank {rank}: 60 steps; the rolled-back run equals the reference in ids at 60, loss bits at 60" in output
         )
+
+
+RESIZED = {
+    "map-2-to-1": (Scenario(world_size=2, epochs=3), 1, (1, 0), (7, 8)),
+    "map-1-to-2": (Scenario(world_size=1, epochs=2), 2, (0, 3), (5, 6)),
+    "mixture-2-to-1": (Scenario(world_size=2, epochs=3, data="mixture"), 1, (1, 0), (7, 8)),
+    "bucketing-1-to-2": (Scenario(world_size=1, epochs=3, sampler="bucketing"), 2, (0, 3), (5, 6)),
+}
+"""A skip given at a resume on another world size (issue 53): the setup, the resumed world size, the (epoch, batch)
+the first run saves after, and the range, named in the first run's steps. 2 -> 1: steps 7-8 are epoch 1's batches 2
+and 3 on two processes (positions 16-31), which one process reaches at its step 8; 1 -> 2: steps 5-6 are positions
+20-27 of epoch 0 on one process, which two processes reach inside their step 4 (its batch reads around them)."""
+
+
+@pytest.mark.parametrize("case", sorted(RESIZED))
+def test_a_skip_given_at_a_resume_on_another_world_size_skips_the_steps_the_checkpoints_run_numbered(
+    runner: Runner, case: str
+) -> None:
+    """Steps are placed on the world size that wrote the checkpoint (docs/long-runs.md): the run that resumes on
+    another world size with the skip trains what the run given it from the start (on the first world size, then
+    resumed on the same other world size) trains, and none of the skipped steps' samples, which ``batches`` lists
+    from the checkpoint alone."""
+    scenario, resized, (epoch, batch), (first, last) = RESIZED[case]
+    root = runner.root / f"skips-resized-{case}"
+    skip = (("callback_options", [("skip_steps", f"{first}-{last}")]),)
+    stop = Leg("batch_end", epoch=epoch, batch=batch)
+    reference = run_chain(root / "reference", scenario, [replace(stop, config=skip), Leg("end", world_size=resized)])
+    legs = [stop, Leg("end", world_size=resized, config=skip)]
+    steps, validations = run_chain(root / "recovered", scenario, legs)
+    assert steps == reference[0], "the resumed run trained other data than the run given the skip from the start"
+    assert validations == reference[1]
+    if scenario.data != "map" or scenario.sampler != "shuffle":  # batches cannot tell their order from the state
+        return
+    saved_at = epoch * scenario.batches_per_epoch + batch + 1
+    skipped = step_batches(root / "recovered" / "leg0.ckpt", f"{first}-{last}")
+    assert {entry.step for entry in skipped} == set(range(first, last + 1)) and not any(e.trained for e in skipped)
+    skipped_ids = {sample for entry in skipped for sample in entry.samples}
+    resumed = [record for rank in steps for record in steps[rank][saved_at:] if record["epoch"] == epoch]
+    trained_after = {sample for record in resumed for sample in record["ids"]}
+    assert skipped_ids and not skipped_ids & trained_after, "a skipped step's samples were trained"

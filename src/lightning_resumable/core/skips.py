@@ -69,6 +69,30 @@ class Layout:
                 return epoch, batch + (step - at) * self.accumulate
             at, epoch, batch = at + left, epoch + 1, 0
 
+    def step_reading(self, hole: Hole) -> int:
+        """The step (at or after the layout's) whose batches read the position where ``hole`` begins, the layout's
+        epochs shortened by it: where a run laid out otherwise than the one that named the skip reaches it (a hole
+        that takes an epoch's rest is reached by the next epoch's first step). O(log steps) placements."""
+        one_stream = self.one_stream or hole.epoch is None  # a position counts from the run's start
+        if one_stream:
+            target = (0, hole.start)
+        else:
+            assert hole.epoch is not None
+            ends = hole.start >= self.length_of(hole.epoch)
+            target = (hole.epoch + 1, 0) if ends else (hole.epoch, hole.start)
+
+        def before(step: int) -> bool:  # step ``step`` starts at or before the hole
+            epoch, batch = self.place(step)
+            return (0 if one_stream else epoch, self.position_of(epoch, batch)) <= target
+
+        low, high = self.step, self.step + 1  # before(low) holds: the hole lies at or after the origin
+        while before(high):
+            low, high = high, high + 2 * (high - self.step)
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if before(middle) else (low, middle)
+        return low
+
 
 def plan(ranges: Sequence[StepRange], layout: Layout) -> list[Skip]:
     """The skips of ``ranges`` (sorted, apart, none before ``layout.step``): the holes each leaves, in the

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 import lightning.pytorch as pl
@@ -35,7 +36,7 @@ from lightning_resumable.format.envelope import (
     StreamState,
     Unresumable,
 )
-from lightning_resumable.format.skips import Hole, Skip, StepRange
+from lightning_resumable.format.skips import Hole, Skip, StepRange, holes_of
 from lightning_resumable.format.state import DataState
 from lightning_resumable.lightning.combined import loader_position
 from lightning_resumable.lightning.progress import SavePoint
@@ -168,6 +169,7 @@ class LoaderOwner(Owner[LoaderState]):
     def __init__(self, loader: DataLoader[Any]) -> None:
         self.owned = SampledLoader(loader, key=None)
         self.resized_epoch: int | None = None
+        self.resized_from: DataState | None = None  # the restored state, where another world size wrote it
 
     @property
     def sampler(self) -> ResumableSampler:
@@ -180,11 +182,14 @@ class LoaderOwner(Owner[LoaderState]):
     def restore(self, saved: LoaderState, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
         world_size = self.sampler.num_replicas
         world_size_policy(saved.state.world_size, world_size, None, _where(saved.state))
-        if saved.state.world_size != world_size:
+        resized = saved.state.world_size != world_size
+        if resized:
             self.resized_epoch = saved.state.epoch  # counted in the old units: rebuilt at its end
+        self.resized_from = saved.state if resized else None
         self.owned.restore(saved, verify, epoch)
 
     def start_fresh(self, epoch: int) -> None:
+        self.resized_from = None
         self.sampler.set_epoch(epoch)
 
     def save(self, at: SavePoint) -> LoaderState:
@@ -212,7 +217,18 @@ class LoaderOwner(Owner[LoaderState]):
     def plan_skips(
         self, ranges: Sequence[StepRange], step: int, accumulate: int, limit: int | float | None
     ) -> list[Skip]:
-        return plan(ranges, sampler_layout(self.sampler, step, accumulate, limit))
+        # Steps are numbered as the run that wrote the checkpoint numbered them, on its world size; a run on
+        # another world size reaches each skip at a step of its own, where its batches read the first hole.
+        made = plan(ranges, sampler_layout(self.sampler, step, accumulate, limit, self.resized_from))
+        if self.resized_from is None or not made:
+            return made
+        recorded = self.sampler.holes
+        self.sampler.holes = (*recorded, *holes_of(made))  # the new run's epochs, shortened by every hole
+        try:
+            here = sampler_layout(self.sampler, step, accumulate, limit)
+            return [replace(skip, at=here.step_reading(skip.holes[0])) for skip in made]
+        finally:
+            self.sampler.holes = recorded
 
     def skip_verification(self) -> None:
         self.owned.to_verify = None
