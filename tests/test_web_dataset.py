@@ -113,3 +113,72 @@ def test_a_web_loader_without_stages_is_taken_over(urls: list[str]) -> None:
     made = make_resumable(wds.WebLoader(dataset, batch_size=None), seed=5, num_replicas=1, rank=0)
     batches = list(made)
     assert sorted(i for batch in batches for i in batch[0]) == list(range(SHARDS * PER_SHARD))
+
+
+def labelled(sample: dict[str, Any]) -> tuple[str, bytes, tuple[int, float]]:
+    """A sample WebDataset's default collation batches into plain lists (comparable), its augmentation drawn."""
+    return sample["txt"], sample["bin"], augmented(sample)
+
+
+BATCHED = {
+    # Issue 53: webdataset 1.0.2's batched reads the sample after a full batch before yielding it.
+    "batched-after": lambda urls: wds.DataPipeline(
+        wds.SimpleShardList(urls),
+        wds.split_by_node,
+        wds.split_by_worker,
+        wds.tarfile_to_samples(),
+        wds.shuffle(8),
+        wds.decode(),
+        wds.map(labelled),
+        wds.batched(4),
+    ),
+    "batched-before": lambda urls: (
+        wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, seed=3)
+        .decode()
+        .to_tuple("txt", "bin")
+        .batched(3, partial=False)
+        .shuffle(4)
+    ),
+}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("form", sorted(BATCHED))
+def test_a_batched_pipeline_restores_after_any_batch_exactly(urls: list[str], form: str, workers: int) -> None:
+    """``.batched`` before or after the shuffle, batched by the pipeline (``batch_size=None``): the restore starts at
+    the batch after the saved one, not one sample late."""
+    dataset = BATCHED[form](urls)
+
+    def made() -> Any:
+        loader = DataLoader(dataset, batch_size=None, num_workers=workers)
+        return make_resumable(loader, seed=5, num_replicas=1, rank=0, epoch_source=lambda: 1)
+
+    full = list(made())
+    assert len(full) > 4
+    for cut in range(1, len(full)):
+        assert_restores_twice_exactly(made, full, cut)
+
+
+def test_a_batched_pipeline_yields_webdatasets_batches(urls: list[str]) -> None:
+    """The batches are WebDataset's own (its collation, a partial last one or none), in the same order."""
+    from lightning_resumable.readers.web_dataset import WebShards, plan_of
+
+    for partial in (True, False):
+        own = wds.DataPipeline(
+            wds.SimpleShardList(urls),
+            wds.tarfile_to_samples(),
+            wds.decode(),
+            wds.to_tuple("txt", "bin"),
+            wds.batched(5, partial=partial),
+        )
+        taken = list(WebShards(plan_of(own), seed=0, rank=0, world_size=1, seed_reads=False))
+        assert taken == list(own) and len(taken) == (SHARDS * PER_SHARD) // 5 + partial
+
+
+def test_a_cache_and_unbatched_are_refused_naming_the_stage(urls: list[str], tmp_path: Any) -> None:
+    """Issue 53: ``cache_dir`` (WebDataset's FileCache) was read past, the user's cache left empty."""
+    cached = wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, cache_dir=str(tmp_path))
+    with pytest.raises(UnsupportedLoaderError, match="cache_dir"):
+        loader_of(cached.shuffle(4), 0)
+    with pytest.raises(UnsupportedLoaderError, match="unbatched"):
+        loader_of(wds.WebDataset(urls, shardshuffle=False).batched(4).shuffle(4).unbatched(), 0)

@@ -137,6 +137,8 @@ class Scenario:
     online_in_validation: bool = False
     online_disagree: bool = False
     val_workers: int = 0
+    wds_form: str = ""
+    """A ``wds`` pipeline's form (`train.WDS_FORMS`): ``""`` batched by the loader, or batched in the pipeline."""
 
     @property
     def batches_per_epoch(self) -> int:

@@ -26,6 +26,20 @@ SCENARIOS = [
     )
 ]
 
+BATCHED_IN_THE_PIPELINE = [
+    Scenario(world_size=2, num_workers=workers, data="wds", shuffle_buffer=8, wds_form=form, stop_kind=stop)
+    for form, workers, stop in (
+        ("batched-after", 0, "batch_end"),
+        ("batched-after", 2, "batch_end"),
+        ("batched-before", 2, "validation"),
+        ("web-loader", 0, "batch_end"),
+        ("web-loader", 2, "last_batch"),
+    )
+]
+"""Issue 53: pipelines that batch themselves (``.batched`` after or before the shuffle, a ``WebLoader`` with
+``batch_size=None``): WebDataset 1.0.2's batched read a sample ahead, which the state counted as delivered, so the
+resume ran one sample late (``ResumeVerificationError``; silently shifted with ``verify=False``)."""
+
 WEB_DATASET_CHAIN_SEEDS = (1313, 964, 3123, 477)
 """Matrix chains over a WebDataset pipeline on 2 processes: 1313, three kills (a save, then SIGKILL) across an
 epoch's end, 0 workers; 964, SIGTERM twice in a row then across the epoch's end, 2 workers; 3123, a kill then a
@@ -48,6 +62,11 @@ def test_a_shuffled_web_dataset_resumes_exactly(runner: Runner, scenario: Scenar
     for epoch in range(scenario.epochs):
         assert sorted(ids_of(outcome.full, epoch)) == list(range(STREAM_SIZE))
     assert ids_of(outcome.full, 0) != ids_of(outcome.full, 1), "shards and samples reshuffled each epoch"
+
+
+@pytest.mark.parametrize("scenario", BATCHED_IN_THE_PIPELINE, ids=[s.label() for s in BATCHED_IN_THE_PIPELINE])
+def test_a_web_dataset_batched_in_its_pipeline_resumes_exactly(runner: Runner, scenario: Scenario) -> None:
+    test_a_shuffled_web_dataset_resumes_exactly(runner, scenario)
 
 
 @pytest.mark.parametrize("seed", WEB_DATASET_CHAIN_SEEDS)

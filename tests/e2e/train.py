@@ -246,14 +246,40 @@ def wds_augmented(sample: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     return augmented(int(sample["txt"]))
 
 
-def wds_stream(root: Path, size: int, buffer: int) -> Any:
-    """A ``wds.WebDataset`` over `wds_shards`, its shards shuffled and split by node, its samples shuffled
-    through a buffer of ``buffer``, decoded and augmented in ``map``."""
+def wds_tuple_augmented(sample: tuple[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    return augmented(int(sample[0]))
+
+
+WDS_FORMS = ("", "batched-after", "batched-before", "web-loader")
+"""The WebDataset pipelines the docs list as exact (issue 53): ``""`` a ``WebDataset`` shuffled, decoded and mapped,
+batched by the loader; ``batched-after`` a ``DataPipeline`` (the stages listed one by one, ``to_tuple`` and
+``.batched`` after the shuffle); ``batched-before`` a ``WebDataset`` batched before its shuffle (batches shuffled);
+``web-loader`` the first batched after the shuffle in a ``WebLoader``. Batched in the pipeline: ``batch_size=None``."""
+
+
+def wds_stream(root: Path, size: int, buffer: int, form: str = "", batch_size: int = 4) -> Any:
+    """A WebDataset pipeline over `wds_shards` (`WDS_FORMS`), split by node, its samples shuffled through a buffer of
+    ``buffer`` (its shards too, but for ``batched-after``), decoded and augmented in ``map``."""
     import webdataset as wds
 
     urls = wds_shards(root, size)
+    if form == "batched-after":
+        return wds.DataPipeline(
+            wds.SimpleShardList(urls),
+            wds.split_by_node,
+            wds.split_by_worker,
+            wds.tarfile_to_samples(),
+            wds.shuffle(buffer),
+            wds.decode(),
+            wds.to_tuple("txt"),
+            wds.map(wds_tuple_augmented),
+            wds.batched(batch_size),
+        )
     dataset = wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, seed=0, empty_check=False)
-    return dataset.shuffle(buffer).decode().map(wds_augmented)
+    if form == "batched-before":
+        return dataset.decode().map(wds_augmented).batched(batch_size).shuffle(buffer)
+    mapped = dataset.shuffle(buffer).decode().map(wds_augmented)
+    return mapped.batched(batch_size) if form == "web-loader" else mapped
 
 
 LITDATA_DIR = "litdata-chunks"
@@ -879,8 +905,15 @@ class PlainData(L.LightningDataModule):
                 hf_collate,
             )
         elif data == "wds":
-            root = Path(self.config["out_dir"]).parent
-            stream, collate = wds_stream(root, STREAM_SIZE, self.config.get("shuffle_buffer") or 1), None
+            root, form = Path(self.config["out_dir"]).parent, self.config.get("wds_form", "")
+            buffer, size = self.config.get("shuffle_buffer") or 1, self.config["batch_size"]
+            stream, collate = wds_stream(root, STREAM_SIZE, buffer, form, size), None
+            if form:  # batched in the pipeline
+                import webdataset as wds
+
+                self.train_set = stream
+                loader_type = wds.WebLoader if form == "web-loader" else DataLoader
+                return loader_type(stream, batch_size=None, num_workers=workers)  # type: ignore[no-any-return]
         else:
             stream, collate = ShardedStream(STREAM_SIZE, rank, world_size), None
         if not isinstance(self, ResumableDataModule) and hasattr(stream, "set_epoch"):  # the library sets it itself

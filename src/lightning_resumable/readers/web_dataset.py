@@ -14,8 +14,13 @@ uncompressed tar is opened there; another is read from its start to it). The sam
 own (``__key__``, ``__url__`` and one entry per file suffix); the order is the library's, not the one
 WebDataset's buffer would draw.
 
+``.batched`` is WebDataset's, but yields a batch as its last sample is read: WebDataset 1.0.2's reads the
+sample after it first, which the state would count as delivered (a resume one sample late).
+
 Refused, naming the stage: a pipeline stage this module does not know before the sample shuffle's
-place (a cache, resampled shards, ``with_epoch``/``repeat``), or more than one sample shuffle.
+place (resampled shards, ``with_epoch``/``repeat``), a cache (``cache_dir``: its shards are read here, not
+through it), ``.unbatched`` (it holds a batch's samples the state counts as delivered), or more than one
+sample shuffle.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from lightning_resumable.format._keys import Domain, domain_key, stream_key
 from lightning_resumable.readers import streams
 from lightning_resumable.readers.base import BuildOptions, Built
 
-__all__ = ["WebPlan", "WebShards", "build", "mixture_source", "plan_of", "recognises"]
+__all__ = ["WebPlan", "WebShards", "batched_as_read", "build", "mixture_source", "plan_of", "recognises"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,8 @@ def plan_of(dataset: object) -> WebPlan:
     node = worker = shuffle_shards = False
     while stages and not _reads_tars(stages[0]):
         stage = stages.pop(0)
+        if isinstance(stage, cache.FileCache):
+            raise UnsupportedLoaderError(_CACHE)
         if _is(stage, shardlists.split_by_node):
             node = True
         elif _is(stage, shardlists.split_by_worker):
@@ -110,9 +117,17 @@ def plan_of(dataset: object) -> WebPlan:
     local_paths = False
     while stages and _reads_tars(stages[0]):
         stage = stages.pop(0)
+        if isinstance(stage, cache.FileCache):
+            raise UnsupportedLoaderError(_CACHE)
         local_paths = local_paths or isinstance(stage, cache.StreamingOpen)
         if getattr(stage, "kw", {}).get("select_files") or getattr(stage, "kw", {}).get("rename_files"):
             raise UnsupportedLoaderError("WebDataset's select_files and rename_files are not taken over")
+    if any(_is(stage, filters._unbatched) for stage in stages):
+        raise UnsupportedLoaderError(
+            "the WebDataset pipeline's stage _unbatched (.unbatched()) holds a batch's samples after it read them, so"
+            " a save between them would resume past the rest; batch with the DataLoader's batch_size instead"
+        )
+    stages = [_taken_over(stage) for stage in stages]
     shuffles = [index for index, stage in enumerate(stages) if _is(stage, filters._shuffle)]
     if len(shuffles) > 1:
         raise UnsupportedLoaderError("the WebDataset pipeline shuffles its samples twice; keep one .shuffle(n)")
@@ -130,6 +145,41 @@ def plan_of(dataset: object) -> WebPlan:
         after=tuple(stages[place:]),
         local_paths=local_paths,
     )
+
+
+_CACHE = (
+    "the WebDataset pipeline caches its shards (cache_dir, stage FileCache): the library reads the shards itself"
+    " and would leave the cache empty; remove cache_dir (the shards are read where they are), or copy them to"
+    " local disk first"
+)
+
+
+def _taken_over(stage: Any) -> Any:
+    """``stage``, or for ``.batched`` the same batching without its read-ahead (`batched_as_read`)."""
+    if _is(stage, filters._batched):
+        return filters.FilterFunction(batched_as_read, *stage.args, **stage.kw)
+    return stage
+
+
+def batched_as_read(
+    data: Iterator[Any],
+    batchsize: int = 20,
+    collation_fn: Any = filters.default_collation_fn,
+    partial: bool = True,
+) -> Iterator[Any]:
+    """WebDataset's ``batched`` (the same batches, collation and last partial batch), each yielded as soon as its
+    last sample is read, not after the next one is, so that what was read is what was yielded."""
+    if batchsize < 1:  # WebDataset's own meaning of it (empty batches)
+        yield from filters._batched(data, batchsize, collation_fn, partial)
+        return
+    batch: list[Any] = []
+    for sample in data:
+        batch.append(sample)
+        if len(batch) == batchsize:
+            yield collation_fn(batch) if collation_fn is not None else batch
+            batch = []
+    if batch and partial:
+        yield collation_fn(batch) if collation_fn is not None else batch
 
 
 def _buffer_of(stage: Any) -> int:
