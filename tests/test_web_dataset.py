@@ -65,7 +65,8 @@ def ids(batches: list[list[tuple[int, float]]]) -> list[int]:
 
 
 def test_the_samples_are_webdatasets_own(urls: list[str]) -> None:
-    from lightning_resumable.readers.web_dataset import WebShards, plan_of
+    from lightning_resumable.readers.web_dataset import WebShards
+    from lightning_resumable.readers.web_plan import plan_of
 
     for own in (
         wds.WebDataset(urls, shardshuffle=False),
@@ -161,7 +162,8 @@ def test_a_batched_pipeline_restores_after_any_batch_exactly(urls: list[str], fo
 
 def test_a_batched_pipeline_yields_webdatasets_batches(urls: list[str]) -> None:
     """The batches are WebDataset's own (its collation, a partial last one or none), in the same order."""
-    from lightning_resumable.readers.web_dataset import WebShards, plan_of
+    from lightning_resumable.readers.web_dataset import WebShards
+    from lightning_resumable.readers.web_plan import plan_of
 
     for partial in (True, False):
         own = wds.DataPipeline(

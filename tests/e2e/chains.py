@@ -46,7 +46,10 @@ are now seeded at each step's end, and a resume seeds them as the step it follow
 third soak, shrunk (`shrink.py`) to a resume on 1 process from a checkpoint at the last batch of an epoch on 2:
 Lightning went on in the next epoch from the old epoch's batch count (its restart compares that count with the
 new loader's length) and ended it 5 batches early. Such a checkpoint now resumes at the next epoch's start."""
-CHAIN_SEEDS = (100132691, 257594569, 66741773, 757704568, 854942050, 750, 2154, 44860491, 47, 18, 182055219)
+CHAIN_SEEDS = (
+    100132691, 257594569, 66741773, 757704568, 854942050, 750, 2154, 44860491, 47, 18, 182055219,
+    223, 585, 518, 91, 218, 1390,
+)  # fmt: skip
 """Chains CI runs besides `CI_SEEDS`, found by a soak: 100132691, a save from ``OnExceptionCheckpoint`` (SIGTERM on
 one process, 3 workers) fingerprinted a batch read after the callback had ended the workers (torch skips the
 batches they owed): the state is now taken before; 257594569, a resume from inside a step left Lightning's batch
@@ -71,7 +74,10 @@ from the start, through ``validate()`` first) and `CHAINS_OF_CI_SEEDS`' 16 (a st
 182055219 (its review's soak, older than it): a fit resumed from an epoch's last batch saved at the next epoch's
 last batch (in ``on_train_batch_end``) wrote that epoch as not begun, and the next resume trained it again from the
 data's next epoch (20 steps of 15): an epoch that the restart did not mark started is written started up to and
-including its last batch."""
+including its last batch. Issue 53's skips given at a resume on another world size (the chain's last leg, compared
+with the same chain given the skip from its first): 223 and 585, map-style 2 -> 1 and 1 -> 2; 518 and 91, a mixture
+2 -> 1 and 1 -> 2; 218 and 1390, a batch sampler 2 -> 1 and 1 -> 2 (each failed before the fix: the steps were placed
+on the new world size)."""
 LIBRARY_SEEDS = (2, 6, 609549163)
 """Data-library cases CI's extras step runs (`matrix.draw_library_case`): Mosaic on 2 processes with 2 workers
 resumed on none, read by a torch ``DataLoader``; LitData at an epoch's last batch with 2 workers; 609549163, found

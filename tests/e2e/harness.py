@@ -139,6 +139,9 @@ class Scenario:
     val_workers: int = 0
     wds_form: str = ""
     """A ``wds`` pipeline's form (`train.WDS_FORMS`): ``""`` batched by the loader, or batched in the pipeline."""
+    wds_refused: str = ""
+    """A stage the docs list as refused added to the ``wds`` pipeline (`train.WDS_REFUSED`): every run of it must
+    fail before any step with an ``UnsupportedLoaderError`` naming it."""
 
     @property
     def batches_per_epoch(self) -> int:

@@ -20,9 +20,11 @@ from .harness import (
     augmentation_by_id,
     data_after_epoch,
     ids_in_epoch,
+    run_phase,
     stream_order,
 )
 from .preemption import PREEMPTION_WHENS, Preemption
+from .train import WDS_FORMS, WDS_REFUSED
 
 STREAMS = ("stream", "hf", "wds")
 """The streams `draw_case` draws: a user's stateful stream, a Hugging Face stream and a WebDataset pipeline, both
@@ -132,6 +134,16 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
     if scenario.data == "stream" and random.Random(seed * 7561 + 47).random() < 0.4:
         shuffled = {"data": "wds", "shuffle_buffer": buffered.choice((1, 3, 5, 8, 16))}
         scenario, reference = replace(scenario, **shuffled), replace(reference, **shuffled)  # type: ignore[arg-type]
+    # Issue 53: a WebDataset pipeline in each form the docs list as exact (batched by the loader, or in the
+    # pipeline after or before its shuffle, in a WebLoader), or with a stage they list as refused (a case only:
+    # `_as_one_run` takes it out of chains and preemptions). Salted: the draws above stay each seed's.
+    staged = random.Random(seed * 7561 + 6206)  # (salt: the WebDataset chain seeds keep their form)
+    if scenario.data == "wds":
+        pipeline = {"wds_form": staged.choice(WDS_FORMS)}
+        refusable = [name for name in WDS_REFUSED if name != "no_node_splitter" or scenario.world_size > 1]
+        if staged.random() < 0.25:
+            pipeline = {"wds_refused": staged.choice(refusable)}
+        scenario, reference = replace(scenario, **pipeline), replace(reference, **pipeline)  # type: ignore[arg-type]
     return scenario, reference
 
 
@@ -181,20 +193,37 @@ def draw_chain(seed: int) -> tuple[Scenario, list[Leg]]:
         cursor = (epoch + 1) * per_epoch if kind in ("extend", "last_batch") else index + 1
     keep_workers = scenario.data in STREAMS or scenario.online_mixing
     legs.append(Leg("end", num_workers=scenario.num_workers if keep_workers else draw.choice((0, 1, 2))))
-    return _with_skip(seed, scenario, legs, per_epoch)
+    resized = random.Random(seed * 7561 + 5314).random() < 0.6 and _resizable(scenario, legs)
+    return _with_skip(seed, scenario, legs, per_epoch, resized)
 
 
 SKIPPABLE = ("map", "mixture", "stream", "hf", "wds")
 """The train inputs whose data a chain's skipped steps pass over (issue 47): not several loaders (refused)."""
 
 
-def _with_skip(seed: int, scenario: Scenario, legs: list[Leg], per_epoch: int) -> tuple[Scenario, list[Leg]]:
+def _resizable(scenario: Scenario, legs: list[Leg]) -> bool:
+    """Whether the chain's last leg may resume on another world size with a skip given there (issue 53): a map-style
+    loader that resumes on any world size (the shuffle sampler, a batch sampler) or a mixture, after a stop."""
+    sampler = scenario.data == "map" and scenario.sampler in ("shuffle", "bucketing") and not scenario.drop_last
+    plain = scenario.strategy == "ddp" and scenario.accumulate == 1 and scenario.limit_train_batches is None
+    data = sampler or (scenario.data == "mixture" and not scenario.online_mixing)
+    return data and plain and any(leg.kind not in ("early", "end") for leg in legs)
+
+
+def _with_skip(
+    seed: int, scenario: Scenario, legs: list[Leg], per_epoch: int, resized: bool = False
+) -> tuple[Scenario, list[Leg]]:
     """A third of the chains skip a range of steps after the last leg's save (so every leg ends where it was drawn,
     in an epoch the skip has not shortened yet), given from a leg drawn among them (its first: from the start;
     a later one: at a resume) and kept by the legs after it; the uninterrupted run is given it from the start.
-    A salted draw: a seed's legs and setup are what they were before skips were drawn."""
+    A salted draw: a seed's legs and setup are what they were before skips were drawn.
+
+    ``resized`` (issue 53): the last leg resumes on the other world size (2 -> 1, 1 -> 2) and is given the skip,
+    always drawn, named in the steps of the world size that saved (`chain_problems` compares the chain with the
+    same one given the skip from its first leg); a batch sampler's epochs differ in length: its ranges are short."""
     draw = random.Random(seed * 7561 + 4701)
-    if draw.random() >= 1 / 3 or scenario.data not in SKIPPABLE or scenario.sampler == "bucketing":
+    skips = draw.random() < 1 / 3 or resized
+    if not skips or scenario.data not in SKIPPABLE or (scenario.sampler == "bucketing" and not resized):
         return scenario, legs
     if scenario.online_mixing:  # a change asked before a resume that skips where it takes effect: docs/long-runs.md
         return scenario, legs
@@ -207,7 +236,7 @@ def _with_skip(seed: int, scenario: Scenario, legs: list[Leg], per_epoch: int) -
     )
     total = scenario.epochs * steps_per_epoch
     first = last + 1 + draw.randint(0, 3)
-    length = draw.randint(1, 4)
+    length = draw.randint(1, 4 if scenario.sampler != "bucketing" else 2)
     if first + length >= total:
         return scenario, legs
     if (
@@ -225,6 +254,9 @@ def _with_skip(seed: int, scenario: Scenario, legs: list[Leg], per_epoch: int) -
             return scenario, legs
     skip = ("skip_steps", f"{first}-{first + length - 1}")
     given = draw.randrange(len(legs))  # the leg from which it is given: the first, or one that resumes
+    if resized:
+        given = len(legs) - 1
+        legs[-1] = replace(legs[-1], world_size=3 - scenario.world_size)
     options = [skip]
     legs = [
         replace(leg, config=(("callback_options", options if index >= given else []),))
@@ -246,6 +278,7 @@ def _as_one_run(scenario: Scenario, **changed: object) -> Scenario:
         resume_mixture_sources=None,
         resume_world_size=None,
         callback_options=(),
+        wds_refused="",  # a refused stage ends every run before its first step: a case's (`refused_problems`)
         **changed,  # type: ignore[arg-type]
     )
 
@@ -426,6 +459,8 @@ def case_problems(runner: Runner, scenario: Scenario, reference: Scenario) -> li
     Raises:
         AssertionError: a run failed or refused.
     """
+    if scenario.wds_refused:
+        return refused_problems(runner, scenario)
     outcome = Outcome(scenario, runner.full(reference), runner.stopped(scenario), runner.resumed(scenario))
     if scenario.resume_world_size is not None and scenario.data in ("mixture", *SHARDED):
         return mixture_elastic_mismatches(runner, outcome, reference)
@@ -441,12 +476,41 @@ def case_problems(runner: Runner, scenario: Scenario, reference: Scenario) -> li
     return problems
 
 
+def refused_problems(runner: Runner, scenario: Scenario) -> list[str]:
+    """A WebDataset pipeline with a stage the docs list as refused: its run must end before any step, on every rank,
+    with an ``UnsupportedLoaderError`` that names the stage (docs/streams-and-loaders.md)."""
+    run_dir = runner.root / ("refused-" + scenario.label())
+    records = run_phase(scenario, "full", run_dir, run_dir / "unused.ckpt", expect_failure=True)
+    log = (run_dir / "full.log").read_text()
+    problems = [f"rank {rank} trained {len(steps)} steps" for rank, steps in records.items() if steps]
+    if "UnsupportedLoaderError" not in log or WDS_REFUSED[scenario.wds_refused] not in log:
+        problems.append(f"no UnsupportedLoaderError naming {WDS_REFUSED[scenario.wds_refused]!r}: {log[-1500:]}")
+    return problems
+
+
 def chain_problems(runner: Runner, scenario: Scenario, legs: Sequence[Leg], run_dir: Path) -> list[str]:
-    """Where the chain of ``legs`` differs from the uninterrupted ``scenario`` (empty: exact).
+    """Where the chain of ``legs`` differs from the uninterrupted ``scenario`` (empty: exact); for a chain whose last
+    leg resumes on another world size with a skip given there, from the same chain given the skip from its first.
 
     Raises:
         AssertionError: a leg failed or refused.
     """
+    if legs and legs[-1].world_size is not None:
+        given = legs[-1].config
+        reference = run_chain(run_dir / "reference", scenario, [replace(leg, config=given) for leg in legs])
+        steps, validations = run_chain(run_dir, scenario, legs)
+        problems = []
+        for name, got, want in (("steps", steps, reference[0]), ("validations", validations, reference[1])):
+            for rank in want:
+                mine, theirs = got.get(rank, []), want[rank]
+                if mine != theirs:
+                    at = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b), None)
+                    where = f"first at {at}: {mine[at]} != {theirs[at]}" if at is not None else f"{len(mine)} != "
+                    problems.append(
+                        f"rank {rank}: {name} differ from the chain given the skip first, {where}"
+                        + ("" if at is not None else f"{len(theirs)}")
+                    )
+        return problems
     full, full_validations = runner.full(scenario), runner.full_validations(scenario)
     steps, validations = run_chain(run_dir, scenario, legs)
     outcome = Outcome(scenario, full, {rank: [] for rank in steps}, steps)

@@ -12,7 +12,8 @@ import pytest
 
 from .data_setups import STREAM_SIZE
 from .harness import FIELDS, Records, Runner, Scenario
-from .matrix import chain_problems, described, draw_chain
+from .matrix import case_problems, chain_problems, described, draw_case, draw_chain, refused_problems
+from .train import WDS_REFUSED
 
 pytest.importorskip("webdataset")
 
@@ -40,10 +41,17 @@ BATCHED_IN_THE_PIPELINE = [
 ``batch_size=None``): WebDataset 1.0.2's batched read a sample ahead, which the state counted as delivered, so the
 resume ran one sample late (``ResumeVerificationError``; silently shifted with ``verify=False``)."""
 
-WEB_DATASET_CHAIN_SEEDS = (1313, 964, 3123, 477)
+WEB_DATASET_CHAIN_SEEDS = (1313, 964, 3123, 477, 21, 54, 80, 177, 265)
 """Matrix chains over a WebDataset pipeline on 2 processes: 1313, three kills (a save, then SIGKILL) across an
 epoch's end, 0 workers; 964, SIGTERM twice in a row then across the epoch's end, 2 workers; 3123, a kill then a
-SIGTERM in the last epoch, 2 workers; 477, an epoch's last batch then SIGTERM twice, 0 workers."""
+SIGTERM in the last epoch, 2 workers; 477, an epoch's last batch then SIGTERM twice, 0 workers. Batched in the
+pipeline (issue 53): 21, a WebLoader on 1 process, 3 workers, validate() then a kill; 54, batched after the shuffle
+on 1 process, an epoch's last batch, a save, Ctrl-C; 80, batched before it, SIGTERM, a validation, a skip given from
+the start; 177, the same on 1 process, SIGTERM then Ctrl-C twice; 265, a WebLoader, an epoch's last batch, a skip."""
+
+WEB_DATASET_CASE_SEEDS = (54, 76, 80, 265)
+"""Matrix cases (a stop and a resume against the uninterrupted run) of each form batched in the pipeline: batched
+after the shuffle on 1 process and on 2 (76, a validation's stop), before it (80), a WebLoader (265)."""
 
 
 def ids_of(records: Records, epoch: int) -> list[int]:
@@ -69,9 +77,27 @@ def test_a_web_dataset_batched_in_its_pipeline_resumes_exactly(runner: Runner, s
     test_a_shuffled_web_dataset_resumes_exactly(runner, scenario)
 
 
+@pytest.mark.parametrize("seed", WEB_DATASET_CASE_SEEDS)
+def test_a_drawn_web_dataset_case_resumes_exactly(runner: Runner, seed: int) -> None:
+    scenario, reference = draw_case(seed)
+    assert scenario.data == "wds" and scenario.wds_form and not scenario.wds_refused
+    problems = case_problems(runner, scenario, reference)
+    assert problems == [], f"seed {seed} ({scenario.label()})\n" + "\n".join(problems[:6])
+
+
+@pytest.mark.parametrize("refused", sorted(WDS_REFUSED))
+def test_every_stage_the_docs_refuse_ends_the_run_before_any_step_naming_it(runner: Runner, refused: str) -> None:
+    """docs/streams-and-loaders.md's refusals (issue 53: ``cache_dir`` trained, its cache left empty), each through
+    Lightning's own launcher on 2 processes (the matrix draws them in its cases too)."""
+    scenario = Scenario(world_size=2, data="wds", shuffle_buffer=5, wds_refused=refused)
+    assert refused_problems(runner, scenario) == []
+    if refused == "cache_dir":
+        assert not any((runner.root / "wds-cache").iterdir()), "nothing is cached: the run refused before reading"
+
+
 @pytest.mark.parametrize("seed", WEB_DATASET_CHAIN_SEEDS)
 def test_a_web_dataset_interrupted_several_times_resumes_exactly(runner: Runner, seed: int) -> None:
     scenario, legs = draw_chain(seed)
-    assert scenario.data == "wds" and scenario.world_size == 2
+    assert scenario.data == "wds"
     problems = chain_problems(runner, scenario, legs, runner.root / f"chain{seed}-{scenario.label()}")
     assert problems == [], f"seed {seed} ({scenario.label()}: {described(legs)})\n" + "\n".join(problems[:6])

@@ -257,6 +257,60 @@ batched by the loader; ``batched-after`` a ``DataPipeline`` (the stages listed o
 ``web-loader`` the first batched after the shuffle in a ``WebLoader``. Batched in the pipeline: ``batch_size=None``."""
 
 
+WDS_REFUSED = {
+    "resampled": "resampled shards",
+    "repeat": "repeats or cuts its epoch",
+    "with_epoch": "repeats or cuts its epoch",
+    "cache_dir": "cache_dir",
+    "two_shuffles": "shuffles its samples twice",
+    "select_files": "select_files",
+    "rename_files": "rename_files",
+    "web_loader_stages": "WebLoader has stages of its own",
+    "no_node_splitter": "no node splitter",
+    "unbatched": ".unbatched()",
+}
+"""The stages docs/streams-and-loaders.md lists as refused (`wds_refused`), each with what its refusal says."""
+
+
+def every_file(name: str) -> bool:
+    return True
+
+
+def same_name(name: str) -> str:
+    return name
+
+
+def wds_refused(root: Path, size: int, buffer: int, refused: str, batch_size: int) -> Any:
+    """A `wds_stream` with the stage ``refused`` (`WDS_REFUSED`): the loader (or dataset) a user would return."""
+    import webdataset as wds
+
+    urls = wds_shards(root, size)
+    options: dict[str, Any] = dict(shardshuffle=len(urls), nodesplitter=wds.split_by_node, seed=0, empty_check=False)
+    if refused == "resampled":
+        options.update(resampled=True, shardshuffle=False)
+    elif refused == "cache_dir":
+        (root / "wds-cache").mkdir(exist_ok=True)  # WebDataset requires it to exist
+        options["cache_dir"] = str(root / "wds-cache")
+    elif refused == "select_files":
+        options["select_files"] = every_file
+    elif refused == "rename_files":
+        options["rename_files"] = same_name
+    elif refused == "no_node_splitter":
+        del options["nodesplitter"]
+    mapped = wds.WebDataset(urls, **options).shuffle(buffer).decode().map(wds_augmented)
+    if refused == "repeat":
+        return mapped.repeat(2)
+    if refused == "with_epoch":
+        return mapped.with_epoch(10)
+    if refused == "two_shuffles":
+        return mapped.shuffle(3)
+    if refused == "unbatched":
+        return mapped.batched(batch_size).unbatched()
+    if refused == "web_loader_stages":
+        return wds.WebLoader(mapped.batched(batch_size), batch_size=None).shuffle(8)
+    return mapped
+
+
 def wds_stream(root: Path, size: int, buffer: int, form: str = "", batch_size: int = 4) -> Any:
     """A WebDataset pipeline over `wds_shards` (`WDS_FORMS`), split by node, its samples shuffled through a buffer of
     ``buffer`` (its shards too, but for ``batched-after``), decoded and augmented in ``map``."""
@@ -908,7 +962,13 @@ class PlainData(L.LightningDataModule):
             root, form = Path(self.config["out_dir"]).parent, self.config.get("wds_form", "")
             buffer, size = self.config.get("shuffle_buffer") or 1, self.config["batch_size"]
             stream, collate = wds_stream(root, STREAM_SIZE, buffer, form, size), None
-            if form:  # batched in the pipeline
+            refused = self.config.get("wds_refused", "")
+            if refused:
+                made = wds_refused(root, STREAM_SIZE, buffer, refused, size)
+                if refused == "web_loader_stages":
+                    return made  # type: ignore[no-any-return]
+                stream = made
+            elif form:  # batched in the pipeline
                 import webdataset as wds
 
                 self.train_set = stream
