@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 
-from .harness import Runner, Scenario
+from .harness import WITH_PARAMETERS, Runner, Scenario
 
 STEPS = Scenario(
     world_size=2,
@@ -59,3 +59,44 @@ def test_the_resumed_run_validates_as_the_uninterrupted_run(runner: Runner, name
     outcome = runner.run(SCENARIOS[name])
     assert outcome.stream_mismatches() == []
     assert outcome.validation_mismatches(runner) == []
+
+
+TIME_BASED = {
+    # Without EarlyStopping: Lightning 2.6's fails in its setup under a time-based interval (it reads
+    # trainer.val_check_interval, which such a trainer lacks), with or without the library.
+    # A validation after every batch ("00:00:00:00": the clock has always reached it), deterministic on every rank.
+    "every batch, saved at a batch's end, 2 workers": replace(
+        EPOCH_END,
+        val_check_interval="00:00:00:00",
+        stop_kind="batch_end",
+        stop_epoch=1,
+        stop_batch_override=2,
+        monitor=False,
+    ),
+    "every batch, saved at an epoch's last batch": replace(
+        EPOCH_END, val_check_interval="00:00:00:00", stop_kind="last_batch", stop_epoch=0, num_workers=0, monitor=False
+    ),
+    "every batch, saved inside a step": replace(
+        EPOCH_END, val_check_interval="00:00:00:00", stop_kind="in_step", stop_epoch=1, monitor=False
+    ),
+    # Every second by the real clock, on one process (Lightning 2.6 lets each rank read its own clock: ranks may
+    # disagree, documented): validations land where the clock puts them, in both runs.
+    "every second, one process": replace(
+        EPOCH_END, world_size=1, val_check_interval="00:00:00:01", stop_kind="batch_end", monitor=False
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TIME_BASED))
+def test_a_time_based_interval_resumes_the_training_data_exactly(runner: Runner, name: str) -> None:
+    """Issue 53: with a time-based ``val_check_interval`` a resume promises the training exact (ids, augmentations,
+    loss bits, parameters) and validations where the clock puts them (after every batch, there: the same ones)."""
+    scenario = TIME_BASED[name]
+    outcome = runner.run(scenario)
+    assert outcome.stream_mismatches(WITH_PARAMETERS) == []
+    if scenario.val_check_interval == "00:00:00:00":
+        full, stopped, resumed = runner.validations(scenario)
+        for rank, expected in full.items():
+            steps = [record["step"] for record in stopped[rank] + resumed[rank]]
+            assert steps == [record["step"] for record in expected], f"rank {rank}: other validations"
+            assert len(expected) >= scenario.epochs * scenario.batches_per_epoch, "not after every batch"

@@ -41,6 +41,7 @@ __all__ = [
     "saving_off_the_training_path",
     "set_fabric_pass_count",
     "silence_not_resumable_warning",
+    "validates_by_time",
     "validation_follows",
 ]
 
@@ -70,6 +71,12 @@ def epoch_of_trained_batches(trainer: pl.Trainer) -> int:
     epoch = trainer.fit_loop.epoch_progress.current
     ended = trainer.state.status == TrainerStatus.FINISHED and epoch.completed == _processed(epoch) > 0
     return trainer.current_epoch - 1 if ended and trainer.current_epoch == epoch.completed else trainer.current_epoch
+
+
+def validates_by_time(trainer: pl.Trainer) -> bool:
+    """Whether the trainer's ``val_check_interval`` is a time (2.6: ``"DD:HH:MM:SS"``, a ``timedelta``, a dict): then
+    Lightning reads ``time.monotonic()`` to decide each validation, and a prediction would read the clock again."""
+    return getattr(trainer, "_val_check_time_interval", None) is not None
 
 
 def validation_follows(trainer: pl.Trainer) -> bool:

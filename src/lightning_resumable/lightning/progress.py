@@ -17,6 +17,7 @@ from lightning_resumable.internals._lightning import (
     batches_fetched_before,
     epoch_of_trained_batches,
     resumes_in_next_epoch,
+    validates_by_time,
     validation_follows,
 )
 
@@ -160,7 +161,11 @@ def ends_its_epoch_by_count(checkpoint: Mapping[str, Any], state_key: str, world
 
 
 def runs_before_next_step(trainer: pl.Trainer) -> bool:
-    """Whether what a resume after the batch now ending runs again follows it: a validation, or the epoch's end
+    """Whether what a resume after the batch now ending runs again may follow it: a validation, or the epoch's end
     (``on_train_epoch_end``). Only then are the generators seeded at a step's end, as a resume seeds them there;
-    elsewhere nothing a resume repeats draws from them before the next step's seeding (about 30 µs a step)."""
-    return trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or validation_follows(trainer)
+    elsewhere nothing a resume repeats draws from them before the next step's seeding (about 30 µs a step). Where
+    the clock decides validations (a time-based ``val_check_interval``), at every step's end: asking Lightning
+    would read the clock, which Lightning's next read would then find later."""
+    if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or validates_by_time(trainer):
+        return True
+    return validation_follows(trainer)
