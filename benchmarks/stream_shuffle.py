@@ -138,6 +138,34 @@ def timed(first: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
+def shortened(sample: dict[str, Any]) -> dict[str, Any]:
+    """A ``.map`` (as a user's pipeline has one): its stage adds its own fields to each worker's state."""
+    return {"id": sample["id"], "length": len(sample.get("text", ""))}
+
+
+def checkpoint_json_per_worker(shuffled: Any, samples: int) -> int:
+    """The JSON bytes a checkpoint holds per worker (what ``inspect --json`` shows) for ``shuffled`` with a ``.map``,
+    read by the library's loader (2 workers, batch 50) to about ``samples`` samples in all."""
+    import json
+
+    from torch.utils.data import DataLoader
+
+    from lightning_resumable.readers.build import make_resumable
+
+    dataset = shuffled.map(shortened)
+    loader = make_resumable(
+        DataLoader(dataset, batch_size=50, num_workers=2), seed=5, num_replicas=1, rank=0, epoch_source=lambda: 0
+    )
+    batches = samples // 50
+    iterator = iter(loader)
+    for _ in range(batches + 1):  # one read ahead, as Lightning reads: the state after ``batches`` is recorded
+        next(iterator)
+    workers = loader.state_after(batches)["_snapshot"]["_worker_snapshots"].values()
+    del iterator
+    loader.retire_workers()
+    return max(len(json.dumps(worker)) for worker in workers)
+
+
 def restore_table(samples: int, buffer: int) -> list[str]:
     """The state's bytes, the samples read again and the time to the first sample after a restore."""
     from lightning_resumable.readers import hf_windows
@@ -171,7 +199,9 @@ def restore_table(samples: int, buffer: int) -> list[str]:
     return [
         f"State and restore: buffer_size {buffer:,} over a Hugging Face stream of {samples:,} text samples"
         f" ({shards} shards of {rows:,}, 10 read side by side), restored after {at:,} samples",
-        f"{'checkpoint bytes per worker, the library':58} {len(pickle.dumps(state)):>12,}",
+        f"{'checkpoint bytes per worker, the library (pickled state)':58} {len(pickle.dumps(state)):>12,}",
+        f"{'  as the checkpoint holds it: JSON, with a .map, 2 workers':58}"
+        f" {checkpoint_json_per_worker(shuffled, 2 * at):>12,}",
         f"{'checkpoint bytes per worker, the buffer (PR #8408)':58} {len(pickle.dumps(buffered)):>12,}",
         f"{'samples the restore reads into its window':58} {inner[0]:>12,}",
         f"{'  of which yielded before the checkpoint (read again)':58} {in_window:>12,}",

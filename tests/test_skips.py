@@ -275,3 +275,19 @@ def test_a_streams_discard_cut_by_an_epochs_end_goes_on_in_a_loader_built_again(
     trainer.fit(_Model(), _StreamData())
     epoch = [list(range(start, start + 4)) for start in range(0, 24, 4)]
     assert recorder.ids == epoch[:4] + epoch[2:]
+
+
+class _SeveralLoaders(ResumableDataModule, L.LightningDataModule):
+    def train_dataloader(self) -> Any:
+        features = torch.randn(24, 2)
+        return {"a": DataLoader(features, batch_size=4), "b": DataLoader(features[:8], batch_size=4)}
+
+
+def test_skipping_several_loaders_is_refused_naming_what_can_be_skipped() -> None:
+    """Issue 53: the refusal named only map-style loaders and mixtures; streams and batch samplers are skipped too."""
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[ResumableDataCallback(skip_steps="1-2")],
+    )  # fmt: skip
+    with pytest.raises(SkipError, match=r"a batch sampler, or a stream.*several loaders; the train input is several"):
+        trainer.fit(_Model(), _SeveralLoaders())

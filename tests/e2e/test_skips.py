@@ -188,12 +188,24 @@ def test_a_skip_given_at_a_resume_on_another_world_size_skips_the_steps_the_chec
     scenario, resized, (epoch, batch), (first, last) = RESIZED[case]
     root = runner.root / f"skips-resized-{case}"
     skip = (("callback_options", [("skip_steps", f"{first}-{last}")]),)
+
+    def logged(name: str, *config: tuple[str, object]) -> tuple[tuple[str, object], ...]:
+        return (*config, ("audit_dir", str(root / f"audit-{name}")))
+
     stop = Leg("batch_end", epoch=epoch, batch=batch)
-    reference = run_chain(root / "reference", scenario, [replace(stop, config=skip), Leg("end", world_size=resized)])
-    legs = [stop, Leg("end", world_size=resized, config=skip)]
+    reference_legs = [replace(stop, config=logged("ref", *skip)), Leg("end", world_size=resized, config=logged("ref"))]
+    reference = run_chain(root / "reference", scenario, reference_legs)
+    legs = [replace(stop, config=logged("rec")), Leg("end", world_size=resized, config=logged("rec", *skip))]
     steps, validations = run_chain(root / "recovered", scenario, legs)
     assert steps == reference[0], "the resumed run trained other data than the run given the skip from the start"
     assert validations == reference[1]
+    # Both mark the resumed run's first step after the skip alike: a recorded skip is reached at the steps of the
+    # world size that resumes it, as one given there is.
+    audits = read_audit(root / "audit-rec"), read_audit(root / "audit-ref")
+    assert first_divergence(*audits) is None
+    marks = [[index for index, record in enumerate(audit[0]) if "skipped" in record] for audit in audits]
+    assert marks[0] == marks[1] and len(marks[0]) == 1, f"the skip marked at rank 0's steps {marks}"
+    assert marks[0][0] > epoch * scenario.batches_per_epoch + batch
     if scenario.data != "map" or scenario.sampler != "shuffle":  # batches cannot tell their order from the state
         return
     saved_at = epoch * scenario.batches_per_epoch + batch + 1

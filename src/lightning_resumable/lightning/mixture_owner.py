@@ -265,6 +265,11 @@ class MixtureOwner(Owner[MixtureState]):
     ) -> list[Skip]:
         return self.one.plan_skips(ranges, step, accumulate, limit)
 
+    def reached_at(
+        self, skips: tuple[Skip, ...], step: int, accumulate: int, limit: int | float | None
+    ) -> tuple[Skip, ...]:
+        return self.one.reached_at(skips, step, accumulate, limit)
+
     def skip_verification(self) -> None:
         self.one.skip_verification()
         self.verified = None

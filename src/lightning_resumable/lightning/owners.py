@@ -134,8 +134,9 @@ class Owner(ABC, Generic[S]):
     def set_holes(self, holes: tuple[Hole, ...]) -> None:
         """Read the stream around ``holes`` (`lightning_resumable.core.skips`), before the loaders are iterated."""
         raise SkipError(
-            f"skipped steps are supported for one map-style train loader or a Mixture; the train input is"
-            f" {self.state_type.described}"
+            "skipped steps are supported for one train loader (map-style, with any sampler or a batch sampler, or"
+            " a stream: a user's, Hugging Face, WebDataset, LitData's) or a Mixture, not for MosaicML Streaming's"
+            f" loader or several loaders; the train input is {self.state_type.described}"
         )
 
     def plan_skips(
@@ -147,6 +148,13 @@ class Owner(ABC, Generic[S]):
     def watch_steps(self, trainer: pl.Trainer) -> None:
         """Where a skip is found by the trainer's step as a pass begins (a stream's), the trainer to read it from."""
         return None
+
+    def reached_at(
+        self, skips: tuple[Skip, ...], step: int, accumulate: int, limit: int | float | None
+    ) -> tuple[Skip, ...]:
+        """``skips`` (restored), those still ahead of ``step`` reached where this run's steps read them (another
+        world size than the one that planned them reaches them at other steps)."""
+        return skips
 
     def recorded_skips(self, skips: tuple[Skip, ...]) -> tuple[Skip, ...]:
         """``skips`` as a save records them (a stream's discard cut by an epoch's end goes on in the next)."""
@@ -229,6 +237,17 @@ class LoaderOwner(Owner[LoaderState]):
             return [replace(skip, at=here.step_reading(skip.holes[0])) for skip in made]
         finally:
             self.sampler.holes = recorded
+
+    def reached_at(
+        self, skips: tuple[Skip, ...], step: int, accumulate: int, limit: int | float | None
+    ) -> tuple[Skip, ...]:
+        if self.resized_from is None or not any(skip.at >= step and skip.holes for skip in skips):
+            return skips
+        here = sampler_layout(self.sampler, step, accumulate, limit)
+        return tuple(
+            replace(skip, at=here.step_reading(skip.holes[0])) if skip.at >= step and skip.holes else skip
+            for skip in skips
+        )
 
     def skip_verification(self) -> None:
         self.owned.to_verify = None

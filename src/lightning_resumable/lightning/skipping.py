@@ -71,14 +71,16 @@ class SkippedSteps:
         if self._planned or trainer is None:  # None: a loader taken outside a fit, as tests do
             return
         self._planned = True
+        # A loader rebuilt in the restore (built before it, by estimated_stepping_batches) is taken before Lightning
+        # restores its loops: the step the run resumes at is the checkpoint's.
+        step = trainer.global_step if self.checkpoint_step is None else self.checkpoint_step
+        accumulate, limit = trainer.accumulate_grad_batches, trainer.limit_train_batches
+        self.recorded = owner.reached_at(self.recorded, step, accumulate, limit)  # on another world size: its steps
         self._agree()
         known = {skip.steps for skip in self.recorded}
         new = [each for each in self.ranges if each not in known]
         if not new:
             return
-        # A loader rebuilt in the restore (built before it, by estimated_stepping_batches) is taken before Lightning
-        # restores its loops: the step the run resumes at is the checkpoint's.
-        step = trainer.global_step if self.checkpoint_step is None else self.checkpoint_step
         for each in new:
             if each.first < step:
                 raise SkipError(
@@ -88,7 +90,7 @@ class SkippedSteps:
             clash = [s.steps for s in self.recorded if not (each.last < s.steps.first or s.steps.last < each.first)]
             if clash:
                 raise SkipError(f"the skipped steps {each} overlap the checkpoint's skipped steps {clash[0]}")
-        made = owner.plan_skips(new, step, trainer.accumulate_grad_batches, trainer.limit_train_batches)
+        made = owner.plan_skips(new, step, accumulate, limit)
         self.recorded = (*self.recorded, *made)
         owner.set_holes(holes_of(self.recorded))
         if any(skip.at == step for skip in made):
