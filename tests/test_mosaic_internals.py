@@ -147,3 +147,14 @@ def test_a_save_without_lightnings_look_ahead_reads_the_next_batch_and_hands_it_
     resumed.resume_from({**state, "shuffle_seed": state["shuffle_seed"] + 1}, 3, digest)  # another order
     pass_of(iter(resumed), 1)
     assert resumed.first_batch is not None and resumed.first_batch[0] != resumed.first_batch[1]
+
+
+def test_skipping_steps_of_mosaics_loader_is_refused_naming_it(shards: Path) -> None:
+    """docs/long-runs.md: Mosaic's state is its count of samples, which a discard of batches would not move as its
+    reading does; a skip is refused (`SkipError`) before any step."""
+    from lightning_resumable import SkipError
+    from lightning_resumable.lightning.stream_owner import StreamOwner
+
+    owner = StreamOwner(loader(shards, 0, [0]), rank=0, world_size=1)
+    with pytest.raises(SkipError, match="not supported for MosaicML Streaming's loader"):
+        owner.set_holes(())

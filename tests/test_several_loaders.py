@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from lightning_resumable import (
     IncompatibleStateError,
+    ResumableBatchSampler,
     ResumableDataCallback,
     ResumableDataModule,
     UnsupportedLoaderError,
@@ -74,3 +75,20 @@ def test_a_stream_among_several_loaders_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(UnsupportedLoaderError, match="'stream' reads a stream"):
         trainer(tmp_path, [ResumableDataCallback()], max_steps=1).fit(Model(), WithStream())
+
+
+def test_a_batch_sampler_among_several_loaders_is_refused(tmp_path: Path) -> None:
+    """docs/streams-and-loaders.md: a ``ResumableBatchSampler``'s epochs may differ in length, which several loaders'
+    shared epoch cannot follow yet."""
+
+    class Pairs(ResumableBatchSampler):
+        def epoch_batches(self, epoch: int, generator: torch.Generator) -> list[list[int]]:
+            return [[index, index + 1] for index in range(0, 8, 2)]
+
+    class WithBatches(ResumableDataModule, L.LightningDataModule):
+        def train_dataloader(self) -> Any:
+            batches = Pairs()
+            return {"map": DataLoader(ids(8, 0), batch_size=2), "pairs": DataLoader(ids(8, 0), batch_sampler=batches)}
+
+    with pytest.raises(UnsupportedLoaderError, match="'pairs' has a ResumableBatchSampler"):
+        trainer(tmp_path, [ResumableDataCallback()], max_steps=1).fit(Model(), WithBatches())

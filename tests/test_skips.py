@@ -291,3 +291,32 @@ def test_skipping_several_loaders_is_refused_naming_what_can_be_skipped() -> Non
     )  # fmt: skip
     with pytest.raises(SkipError, match=r"a batch sampler, or a stream.*several loaders; the train input is several"):
         trainer.fit(_Model(), _SeveralLoaders())
+
+
+class _MapData(ResumableDataModule, L.LightningDataModule):
+    def train_dataloader(self) -> Any:
+        return DataLoader(torch.randn(24, 2), batch_size=4)  # 6 batches an epoch
+
+    def val_dataloader(self) -> Any:
+        return DataLoader(torch.randn(4, 2), batch_size=4)
+
+
+def test_an_epoch_a_skip_shortens_below_an_integer_val_check_interval_is_lightnings_value_error() -> None:
+    """docs/long-runs.md, Limits: steps 1-4 leave epoch 0 two batches, fewer than ``val_check_interval=3``: Lightning
+    refuses that epoch at its start (with ``val_check_interval=2`` the same skip trains)."""
+
+    class Validated(_Model):
+        def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+            return None
+
+    def fit(interval: int) -> None:
+        trainer = L.Trainer(
+            accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, val_check_interval=interval,
+            num_sanity_val_steps=0, callbacks=[ResumableDataCallback(skip_steps="1-4")],
+        )  # fmt: skip
+        trainer.fit(Validated(), _MapData())
+
+    fit(2)
+    with pytest.raises(ValueError, match="val_check_interval"):
+        fit(3)

@@ -81,6 +81,13 @@ def test_a_stateless_stream_is_refused() -> None:
         )
 
 
+def test_a_stream_loader_out_of_order_is_refused() -> None:
+    """docs/streams-and-loaders.md: ``in_order=False`` hands out batches as workers finish them: no order to resume."""
+    user = DataLoader(Counting(), batch_size=2, num_workers=1, in_order=False)
+    with pytest.raises(UnsupportedLoaderError, match="in_order=False"):
+        make_stream_resumable(user, seed=0, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: 0)
+
+
 def test_persistent_workers_are_refused_for_a_stream() -> None:
     user = DataLoader(Counting(), batch_size=2, num_workers=1, persistent_workers=True)
     with pytest.raises(UnsupportedLoaderError, match="persistent_workers"):

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from . import processes
+from .chains import Leg, run_chain
 from .data_setups import COMBINED_SIZES, STREAM_SIZE
-from .harness import FIELDS, RUN_TIMEOUT_S, Records, Runner, Scenario
+from .harness import FIELDS, RUN_TIMEOUT_S, Records, Runner, Scenario, read_records
 
 STREAMS = [
     Scenario(world_size=2, num_workers=0, loader="DataLoader", data="stream", stop_kind="batch_end"),
@@ -153,3 +154,15 @@ def test_the_hugging_face_streaming_example_is_exact_through_a_sigkill(tmp_path:
     assert code == 0 and "VERDICT: EXACT" in output, output[-4000:]
     for rank in range(2):
         assert f"     {rank}              42             42     42/42     42/42     42/42  exact" in output, output
+
+
+def test_a_streams_save_from_an_errors_exception_path_on_two_processes_is_refused_at_the_resume(runner: Runner) -> None:
+    """docs/guarantees.md: a save from the exception path of an error (here Ctrl-C on every rank, which Lightning
+    hands to ``on_exception``) cannot gather the ranks' stream states: its checkpoint is written marked, and its
+    resume is refused with ``MissingStateError`` naming why, before any step."""
+    scenario = Scenario(world_size=2, num_workers=2, data="stream", epochs=2)
+    root = runner.root / "stream-exception-path"
+    with pytest.raises(AssertionError, match="exited") as raised:
+        run_chain(root, scenario, [Leg("interrupt", epoch=0, batch=2), Leg("end")])
+    assert "MissingStateError: the checkpoint holds no resumable data state" in str(raised.value)
+    assert read_records(root, "leg1", 2) == {0: [], 1: []}, "a step trained before the refusal"
