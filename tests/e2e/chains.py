@@ -48,7 +48,7 @@ Lightning went on in the next epoch from the old epoch's batch count (its restar
 new loader's length) and ended it 5 batches early. Such a checkpoint now resumes at the next epoch's start."""
 CHAIN_SEEDS = (
     100132691, 257594569, 66741773, 757704568, 854942050, 750, 2154, 44860491, 47, 18, 182055219,
-    223, 585, 518, 91, 218, 1390,
+    223, 585, 518, 91, 1688, 1390,
 )  # fmt: skip
 """Chains CI runs besides `CI_SEEDS`, found by a soak: 100132691, a save from ``OnExceptionCheckpoint`` (SIGTERM on
 one process, 3 workers) fingerprinted a batch read after the callback had ended the workers (torch skips the
@@ -76,7 +76,7 @@ last batch (in ``on_train_batch_end``) wrote that epoch as not begun, and the ne
 data's next epoch (20 steps of 15): an epoch that the restart did not mark started is written started up to and
 including its last batch. Issue 53's skips given at a resume on another world size (the chain's last leg, compared
 with the same chain given the skip from its first): 223 and 585, map-style 2 -> 1 and 1 -> 2; 518 and 91, a mixture
-2 -> 1 and 1 -> 2; 218 and 1390, a batch sampler 2 -> 1 and 1 -> 2 (each failed before the fix: the steps were placed
+2 -> 1 and 1 -> 2; 1688 and 1390, a batch sampler 2 -> 1 and 1 -> 2 (each failed before the fix: the steps were placed
 on the new world size)."""
 LIBRARY_SEEDS = (2, 6, 609549163)
 """Data-library cases CI's extras step runs (`matrix.draw_library_case`): Mosaic on 2 processes with 2 workers

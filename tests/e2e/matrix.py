@@ -207,7 +207,11 @@ def _resizable(scenario: Scenario, legs: list[Leg]) -> bool:
     sampler = scenario.data == "map" and scenario.sampler in ("shuffle", "bucketing") and not scenario.drop_last
     plain = scenario.strategy == "ddp" and scenario.accumulate == 1 and scenario.limit_train_batches is None
     data = sampler or (scenario.data == "mixture" and not scenario.online_mixing)
-    return data and plain and any(leg.kind not in ("early", "end") for leg in legs)
+    stops = [leg for leg in legs if leg.kind not in ("early", "end")]
+    # A batch sampler's epochs differ in length, which the skip's draw (`_with_skip`) does not know: its steps are
+    # counted from the start of the first epoch, so its stops stay there (seed 986256000, 2 -> 1, stopped in epoch 1).
+    counted = scenario.sampler != "bucketing" or all(leg.epoch == 0 for leg in stops)
+    return data and plain and counted and bool(stops)
 
 
 def _with_skip(
