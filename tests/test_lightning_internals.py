@@ -91,7 +91,7 @@ def test_lightnings_signal_handling_is_where_the_preemption_helpers_reach(
     handler saves an HPC checkpoint; a requeue signal that has a handler already is not Lightning's."""
     import signal
 
-    from lightning_resumable.internals._lightning import handle_preemption_signal, preemption_signals
+    from lightning_resumable.internals._lightning_signals import handle_preemption_signal, preemption_signals
 
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
     assert preemption_signals(trainer) == (signal.SIGTERM,)
@@ -135,7 +135,10 @@ def test_lightning_sets_no_handler_of_the_held_signals_until_its_teardown_which_
     import pickle
     import signal
 
-    from lightning_resumable.internals._lightning import give_signals_back_to_lightning, keep_lightning_from_signals
+    from lightning_resumable.internals._lightning_signals import (
+        give_signals_back_to_lightning,
+        keep_lightning_from_signals,
+    )
 
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False)
     connector = trainer._signal_connector

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_resumable.internals._lightning import (
+from lightning_resumable.internals._lightning_signals import (
     end_fit_before_training,
     give_signals_back_to_lightning,
     handle_preemption_signal,
