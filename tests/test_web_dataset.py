@@ -184,3 +184,5 @@ def test_a_cache_and_unbatched_are_refused_naming_the_stage(urls: list[str], tmp
         loader_of(cached.shuffle(4), 0)
     with pytest.raises(UnsupportedLoaderError, match="unbatched"):
         loader_of(wds.WebDataset(urls, shardshuffle=False).batched(4).shuffle(4).unbatched(), 0)
+    with pytest.raises(UnsupportedLoaderError, match=r"\.batched\(0\) makes no batch"):
+        loader_of(wds.WebDataset(urls, shardshuffle=False).shuffle(4).batched(0), 0)

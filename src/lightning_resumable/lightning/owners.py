@@ -233,8 +233,7 @@ class LoaderOwner(Owner[LoaderState]):
         recorded = self.sampler.holes
         self.sampler.holes = (*recorded, *holes_of(made))  # the new run's epochs, shortened by every hole
         try:
-            here = sampler_layout(self.sampler, step, accumulate, limit)
-            return [replace(skip, at=here.step_reading(skip.holes[0])) for skip in made]
+            return list(self.reached_at(tuple(made), step, accumulate, limit))  # each lies at or after ``step``
         finally:
             self.sampler.holes = recorded
 

@@ -7,8 +7,8 @@ Promise: `plan_of` takes the stages the library knows, each kept as WebDataset's
 after it first, which the reader's state would count as delivered: a resume one sample late). Refused, naming the
 stage (`UnsupportedLoaderError`): a stage it does not know before the sample shuffle's place (resampled shards,
 ``with_epoch``/``repeat``), a cache (``cache_dir``: the shards are read here, not through it, and the cache would
-stay empty), ``.unbatched`` (it holds a batch's samples the state counts as delivered), ``select_files`` and
-``rename_files``, or more than one sample shuffle.
+stay empty), ``.unbatched`` (it holds a batch's samples the state counts as delivered), ``.batched`` of fewer
+than one sample, ``select_files`` and ``rename_files``, or more than one sample shuffle.
 """
 
 from __future__ import annotations
@@ -73,36 +73,38 @@ def plan_of(dataset: object) -> WebPlan:
     node = worker = shuffle_shards = False
     while stages and not _reads_tars(stages[0]):
         stage = stages.pop(0)
-        if isinstance(stage, cache.FileCache):
-            raise UnsupportedLoaderError(_CACHE)
         if _is(stage, shardlists.split_by_node):
             node = True
         elif _is(stage, shardlists.split_by_worker):
             worker = True
         elif _is(stage, shardlists.single_node_only):
             continue  # WebDataset refuses several nodes then: so does the library (WebShards)
-        elif _is(stage, filters._shuffle) or isinstance(stage, filters.detshuffle):
+        elif _is(stage, filters.shuffle.f) or isinstance(stage, filters.detshuffle):
             shuffle_shards = _buffer_of(stage) > 1  # (shardshuffle=False appends a shuffle of 0: none)
         else:
             raise UnsupportedLoaderError(
                 f"the WebDataset pipeline's stage {stage_name(stage)} comes before its shards are read; the library"
-                " takes over split_by_node, split_by_worker and a shard shuffle there (a cache_dir is not taken over)"
+                " takes over split_by_node, split_by_worker and a shard shuffle there"
             )
     local_paths = False
     while stages and _reads_tars(stages[0]):
         stage = stages.pop(0)
         if isinstance(stage, cache.FileCache):
-            raise UnsupportedLoaderError(_CACHE)
+            raise UnsupportedLoaderError(
+                "the WebDataset pipeline caches its shards (cache_dir, stage FileCache): the library reads the"
+                " shards itself and would leave the cache empty; remove cache_dir (the shards are read where they"
+                " are), or copy them to local disk first"
+            )
         local_paths = local_paths or isinstance(stage, cache.StreamingOpen)
         if getattr(stage, "kw", {}).get("select_files") or getattr(stage, "kw", {}).get("rename_files"):
             raise UnsupportedLoaderError("WebDataset's select_files and rename_files are not taken over")
-    if any(_is(stage, filters._unbatched) for stage in stages):
+    if any(_is(stage, filters.unbatched.f) for stage in stages):
         raise UnsupportedLoaderError(
             "the WebDataset pipeline's stage _unbatched (.unbatched()) holds a batch's samples after it read them, so"
             " a save between them would resume past the rest; batch with the DataLoader's batch_size instead"
         )
     stages = [_taken_over(stage) for stage in stages]
-    shuffles = [index for index, stage in enumerate(stages) if _is(stage, filters._shuffle)]
+    shuffles = [index for index, stage in enumerate(stages) if _is(stage, filters.shuffle.f)]
     if len(shuffles) > 1:
         raise UnsupportedLoaderError("the WebDataset pipeline shuffles its samples twice; keep one .shuffle(n)")
     buffer, place = 1, 0
@@ -121,18 +123,21 @@ def plan_of(dataset: object) -> WebPlan:
     )
 
 
-_CACHE = (
-    "the WebDataset pipeline caches its shards (cache_dir, stage FileCache): the library reads the shards itself"
-    " and would leave the cache empty; remove cache_dir (the shards are read where they are), or copy them to"
-    " local disk first"
-)
-
-
 def _taken_over(stage: Any) -> Any:
-    """``stage``, or for ``.batched`` the same batching without its read-ahead (`batched_as_read`)."""
-    if _is(stage, filters._batched):
-        return filters.FilterFunction(batched_as_read, *stage.args, **stage.kw)
-    return stage
+    """``stage``, or for ``.batched`` the same batching without its read-ahead (`batched_as_read`).
+
+    Raises:
+        UnsupportedLoaderError: ``.batched`` of fewer than one sample.
+    """
+    if not _is(stage, filters.batched.f):
+        return stage
+    made = filters.FilterFunction(batched_as_read, *stage.args, **stage.kw)
+    size = made.args[0] if made.args else made.kw.get("batchsize", 20)
+    if size < 1:
+        raise UnsupportedLoaderError(
+            f"the WebDataset pipeline's .batched({size}) makes no batch of samples: give 1 or more"
+        )
+    return made
 
 
 def batched_as_read(
@@ -143,9 +148,6 @@ def batched_as_read(
 ) -> Iterator[Any]:
     """WebDataset's ``batched`` (the same batches, collation and last partial batch), each yielded as soon as its
     last sample is read, not after the next one is, so that what was read is what was yielded."""
-    if batchsize < 1:  # WebDataset's own meaning of it (empty batches)
-        yield from filters._batched(data, batchsize, collation_fn, partial)
-        return
     batch: list[Any] = []
     for sample in data:
         batch.append(sample)
