@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from .data_setups import STREAM_SIZE
-from .harness import FIELDS, Records, Runner, Scenario
+from .harness import FIELDS, Records, Runner, Scenario, check_run_exits
 from .matrix import case_problems, chain_problems, described, draw_case, draw_chain, refused_problems
 from .train import WDS_REFUSED
 
@@ -101,3 +101,13 @@ def test_a_web_dataset_interrupted_several_times_resumes_exactly(runner: Runner,
     assert scenario.data == "wds"
     problems = chain_problems(runner, scenario, legs, runner.root / f"chain{seed}-{scenario.label()}")
     assert problems == [], f"seed {seed} ({scenario.label()}: {described(legs)})\n" + "\n".join(problems[:6])
+
+
+@pytest.mark.parametrize("form", ["", "batched-after"])
+def test_a_web_dataset_run_stopped_by_max_steps_exits_on_its_own(
+    tmp_path_factory: pytest.TempPathFactory, form: str
+) -> None:
+    """As `test_exits.py` for the other loaders: ``python train.py`` over a WebDataset pipeline (batched by the loader
+    or in the pipeline), stopped inside an epoch with its workers running, ends by a normal interpreter exit."""
+    scenario = Scenario(world_size=2, num_workers=2, data="wds", shuffle_buffer=5, wds_form=form)
+    check_run_exits(tmp_path_factory.mktemp("exits"), scenario)
