@@ -1,7 +1,9 @@
 """Preempt a 2-process DDP run as a cluster does, in its first epoch, and verify the resume on every rank.
 
 Run: ``python examples/preemption.py`` (``--runs 20`` repeats the preemption; ``--data mixture`` trains on a
-``Mixture`` of two chunked sources instead of a shuffled map-style dataset). The training is written as a
+``Mixture`` of two chunked sources instead of a shuffled map-style dataset; ``--start-method`` starts the
+loader workers by ``fork``, ``forkserver`` or ``spawn`` given as the loaders' ``multiprocessing_context``, or
+by the process ``default``, set to ``forkserver`` as Python 3.14 sets it). The training is written as a
 user writes it: ``DataLoader(..., shuffle=True, num_workers=2)`` from a ``ResumableDataModule``,
 ``ResumableDataCallback()`` and ``OnExceptionCheckpoint``, ``max_epochs=1``.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -60,16 +63,19 @@ class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 class Data(ResumableDataModule, L.LightningDataModule):
-    def __init__(self, data: str) -> None:
+    def __init__(self, data: str, start_method: str) -> None:
         super().__init__()
         self.data = data
+        self.context = None if start_method == "default" else start_method  # None: the process default
 
     def train_dataloader(self) -> DataLoader[Any]:
         if self.data == "mixture":  # two sources read chunk by chunk (16 samples a chunk), 2:1
             web, code = Chunked(Samples(320), 16), Chunked(Samples(160, first_id=10_000), 16)
             mixture = Mixture({"web": web, "code": code}, {"web": 2, "code": 1})
-            return DataLoader(mixture, batch_size=BATCH_SIZE, num_workers=2)
-        return DataLoader(Samples(SAMPLES), batch_size=BATCH_SIZE, shuffle=True, num_workers=2)
+            return DataLoader(mixture, batch_size=BATCH_SIZE, num_workers=2, multiprocessing_context=self.context)
+        return DataLoader(
+            Samples(SAMPLES), batch_size=BATCH_SIZE, shuffle=True, num_workers=2, multiprocessing_context=self.context
+        )
 
 
 class Model(L.LightningModule):
@@ -108,8 +114,10 @@ class HowItEnded(L.Callback):
         Path(f"{self.out}.ended.rank{trainer.global_rank}.json").write_text(json.dumps(ended))
 
 
-def train(out: str, data: str, ckpt_path: str | None) -> None:
+def train(out: str, data: str, ckpt_path: str | None, start_method: str) -> None:
     warnings.filterwarnings("ignore")
+    if start_method == "default" and sys.version_info < (3, 14):
+        multiprocessing.set_start_method("forkserver", force=True)  # Python 3.14's default on Linux
     L.seed_everything(7, verbose=False)
     torch.set_num_threads(1)
     trainer = L.Trainer(
@@ -124,7 +132,7 @@ def train(out: str, data: str, ckpt_path: str | None) -> None:
         enable_model_summary=False,
         default_root_dir=str(Path(out).parent),
     )
-    trainer.fit(Model(out), datamodule=Data(data), ckpt_path=ckpt_path)
+    trainer.fit(Model(out), datamodule=Data(data, start_method), ckpt_path=ckpt_path)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
@@ -141,9 +149,10 @@ def read_records(out: Path) -> Records:
     }
 
 
-def launch(work: Path, phase: str, data: str, ckpt_path: Path | None = None) -> subprocess.Popen[bytes]:
+def launch(work: Path, phase: str, args: argparse.Namespace, ckpt_path: Path | None = None) -> subprocess.Popen[bytes]:
     """One training run in a session (and process group) of its own, as a job step."""
-    command = [sys.executable, __file__, "train", "--out", str(work / phase), "--data", data]
+    command = [sys.executable, __file__, "train", "--out", str(work / phase), "--data", args.data]
+    command += ["--start-method", args.start_method]
     if ckpt_path is not None:
         command += ["--ckpt-path", str(ckpt_path)]
     with (work / f"{phase}.log").open("wb") as log:
@@ -168,13 +177,13 @@ def run_to_the_end(process: subprocess.Popen[bytes], work: Path, phase: str) -> 
         sys.exit(f"the {phase} run failed; see {work / (phase + '.log')}")
 
 
-def preempt_once(work: Path, data: str, at_step: int, full: Records) -> dict[str, Any]:
+def preempt_once(work: Path, args: argparse.Namespace, at_step: int, full: Records) -> dict[str, Any]:
     """One preempted run and its resume: what happened, and whether it was exact."""
     for stale in work.glob("preempted*"):
         stale.unlink()
     for stale in work.glob("resumed*"):
         stale.unlink()
-    run = launch(work, "preempted", data)
+    run = launch(work, "preempted", args)
     deadline = time.monotonic() + 300
     while len(read_records(work / "preempted")[0]) < at_step:
         if run.poll() is not None or time.monotonic() > deadline:
@@ -199,7 +208,7 @@ def preempt_once(work: Path, data: str, at_step: int, full: Records) -> dict[str
         return result
     saved = torch.load(checkpoint, weights_only=False, map_location="cpu")
     result["global_step"] = steps_done = int(saved["global_step"])
-    run_to_the_end(launch(work, "resumed", data, checkpoint), work, "resumed")
+    run_to_the_end(launch(work, "resumed", args, checkpoint), work, "resumed")
     preempted, resumed = read_records(work / "preempted"), read_records(work / "resumed")
     result["exact"] = all(
         preempted[rank][:steps_done] == full[rank][:steps_done] and resumed[rank] == full[rank][steps_done:]
@@ -215,23 +224,32 @@ def main() -> None:
     parser.add_argument("--data", default="map", choices=["map", "mixture"])
     parser.add_argument("--ckpt-path")
     parser.add_argument("--runs", type=int, default=3, help="preemptions to run (each at a random step)")
+    parser.add_argument(
+        "--start-method",
+        default="fork",
+        choices=["fork", "forkserver", "spawn", "default"],
+        help="how loader workers start: the loaders' multiprocessing_context, or the process default (forkserver)",
+    )
     args = parser.parse_args()
     if args.mode == "train":
-        train(args.out, args.data, args.ckpt_path)
+        train(args.out, args.data, args.ckpt_path, args.start_method)
         return
 
     steps = SAMPLES // BATCH_SIZE // WORLD_SIZE
-    print(f"{WORLD_SIZE} DDP processes (gloo, CPU), {args.data} data, batch {BATCH_SIZE}, num_workers=2, one epoch of")
+    print(
+        f"{WORLD_SIZE} DDP processes (gloo, CPU), {args.data} data, batch {BATCH_SIZE}, num_workers=2 started by"
+        f" {args.start_method}, one epoch of"
+    )
     print(f"{steps} steps; each run is signalled (the whole process group) at a random step of its first epoch.")
     draw = random.Random(os.environ.get("PREEMPTION_SEED"))
     rows, all_good, times = [], True, []
     with tempfile.TemporaryDirectory(prefix="preemption_") as tmp:
         work = Path(tmp)
-        run_to_the_end(launch(work, "full", args.data), work, "full")
+        run_to_the_end(launch(work, "full", args), work, "full")
         full = read_records(work / "full")
         for number in range(1, args.runs + 1):
             at_step = draw.randint(2, steps - 10)
-            result = preempt_once(work, args.data, at_step, full)
+            result = preempt_once(work, args, at_step, full)
             ended = result["ended"]
             same_end = len({(each.get("epoch"), each.get("batches")) for each in ended.values()}) == 1
             clean = all(each["exception"] == "SIGTERMException" for each in ended.values()) and same_end

@@ -29,6 +29,8 @@ from lightning_resumable.readers.worker_signals import (
     stop_leaving_signals,
 )
 
+from lightning_resumable.readers.worker_starts import leave_signals_to_workers, stop_leaving_signals_to_workers
+
 from .helpers import Data, Model, trainer
 
 
@@ -97,11 +99,12 @@ def holding() -> Iterator[DeferredSignals]:
     """This process holds SIGTERM and SIGUSR1, as a rank does during a fit."""
     signals = DeferredSignals([signal.SIGTERM, signal.SIGUSR1])
     assert signals.install()
-    leave_signals_to_this_process(signals.signums)
+    leave_signals_to_workers(leave_signals_to_this_process(signals.signums), signals.signums)
     try:
         yield signals
     finally:
         stop_leaving_signals()
+        stop_leaving_signals_to_workers()
         signals.uninstall()
 
 
@@ -139,7 +142,7 @@ def forked(body: Callable[[Callable[[bytes], None]], None]) -> tuple[int, Callab
 def left_to_holder(say: Callable[[bytes], None]) -> None:
     """In the child: say when its handler has run, once per signal (it leaves no other trace)."""
     handler = signal.getsignal(signal.SIGTERM)
-    assert isinstance(handler, worker_signals._LeftToHolder)
+    assert isinstance(handler, worker_signals.LeftToHolder)
     count = 0
     original_leaves = handler.leaves
 
@@ -293,15 +296,20 @@ class Slow(TensorDataset):
         return super().__getitem__(index)
 
 
+START_METHODS = ("fork", "forkserver", "spawn")
+
+
+@pytest.mark.parametrize("method", START_METHODS)
 @pytest.mark.parametrize("hold", [True, False])
 def test_a_real_loaders_workers_serve_their_pass_through_a_schedulers_sigterm(
-    tmp_path: Path, hold: bool, request: pytest.FixtureRequest
+    tmp_path: Path, hold: bool, method: str, request: pytest.FixtureRequest
 ) -> None:
-    """A torch DataLoader with 2 workers, each signalled by a scheduler while it serves the pass: with the hold,
-    every batch arrives; without it (the control) the loader fails with "worker ... killed by signal"."""
+    """A torch DataLoader with 2 workers started by ``method``, each signalled by a scheduler while it serves the
+    pass: with the hold, every batch arrives; without it (the control) the loader fails with "worker ... killed
+    by signal"."""
     if hold:
         request.getfixturevalue("holding")
-    loader = DataLoader(Slow(8, tmp_path), batch_size=2, num_workers=2)
+    loader = DataLoader(Slow(8, tmp_path), batch_size=2, num_workers=2, multiprocessing_context=method)
 
     def served() -> list[list[int]]:
         iterator = iter(loader)
@@ -326,14 +334,15 @@ def test_a_real_loaders_workers_serve_their_pass_through_a_schedulers_sigterm(
             (tmp_path / f"signalled{worker}").touch()
 
 
+@pytest.mark.parametrize("method", START_METHODS)
 def test_a_schedulers_sigterm_while_a_loader_shuts_its_workers_down_fails_nothing(
-    holding: DeferredSignals, tmp_path: Path
+    holding: DeferredSignals, tmp_path: Path, method: str
 ) -> None:
     """A group SIGTERM that reaches workers while their loader is joining them (its ``done_event`` set, their
     pids still watched by torch's SIGCHLD handler): killed by the signal, they failed the rank with "DataLoader
     worker ... is killed by signal" (seen in the matrix, torchrun signalling each rank's group at an epoch's
     end); they now end with status 0."""
-    loader = DataLoader(Slow(8, tmp_path), batch_size=2, num_workers=2)
+    loader = DataLoader(Slow(8, tmp_path), batch_size=2, num_workers=2, multiprocessing_context=method)
     iterator: Any = iter(loader)
     pids = []
     for worker in range(2):

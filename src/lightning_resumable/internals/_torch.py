@@ -13,6 +13,10 @@ private names used for that, each tested against the installed torch by
 - in a worker, ``signal_handling._set_worker_signal_handlers`` (the first call of torch's and torchdata's
   ``_worker_loop``, looked up on the module at each call) and that loop's ``done_event`` argument, a
   ``multiprocessing.Event``, whose semaphore ``_flag`` `is_set_without_locking` reads.
+- the worker loop each multi-process iterator gives its worker processes as their target: torch's
+  ``_utils.worker._worker_loop`` and torchdata's ``stateful_dataloader._worker_loop``, looked up on those
+  modules as each iterator starts its workers (`replace_worker_loops`); and the iterators' ``__init__``,
+  where they start them (`guard_worker_starts`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import signal
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from torch.utils.data import DataLoader
@@ -31,11 +36,13 @@ __all__ = [
     "MakesIterators",
     "after_worker_signal_setup",
     "batches_handed_out",
+    "guard_worker_starts",
     "has_shut_down",
     "is_set_without_locking",
     "iterator_factory",
     "next_batch_function",
     "replace_next_batch",
+    "replace_worker_loops",
     "retire_iterator",
     "set_iterator_factory",
     "uses_worker_processes",
@@ -131,16 +138,18 @@ def retire_iterator(iterator: object, timeout: float) -> None:
             feeder.join(timeout=timeout)
 
 
-def after_worker_signal_setup(started: Callable[[Any], None]) -> None:
-    """In this (forked) process, call ``started(done_event)`` right after a loader worker's loop has set torch's
+def after_worker_signal_setup(started: Callable[[Any], None], unblock: Iterable[int] = ()) -> None:
+    """In this process, call ``started(done_event)`` right after a loader worker's loop has set torch's
     own signal handlers: ``done_event`` is the event its loader sets when it shuts its workers down (``None``
     if the caller is not such a loop). A process that never runs a worker loop never calls it.
 
     SIGTERM is blocked from before torch sets its handler (which ends a worker on a SIGTERM not from its parent)
-    until ``started`` has returned: one that arrives meanwhile waits, and goes to the handler ``started`` set."""
+    until ``started`` has returned: one that arrives meanwhile waits, and goes to the handler ``started`` set.
+    ``unblock``: signals the process started with blocked (a worker started by spawn), unblocked then too."""
     from torch.utils.data._utils import signal_handling
 
     set_handlers = signal_handling._set_worker_signal_handlers  # type: ignore[attr-defined]
+    unblocked = set(unblock)
 
     def set_handlers_then_start(*args: Any) -> None:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the worker has no other thread yet
@@ -148,7 +157,7 @@ def after_worker_signal_setup(started: Callable[[Any], None]) -> None:
             set_handlers(*args)
             started(sys._getframe(1).f_locals.get("done_event"))
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            signal.pthread_sigmask(signal.SIG_SETMASK, set(mask) - unblocked)
 
     signal_handling._set_worker_signal_handlers = set_handlers_then_start  # type: ignore[attr-defined]
 
@@ -162,3 +171,59 @@ def is_set_without_locking(event: Any) -> bool:
         return bool(event._flag.get_value())
     except NotImplementedError:  # no sem_getvalue (macOS)
         return bool(event.is_set())
+
+
+WorkerLoop = Callable[..., Any]
+_WORKER_LOOP_HOMES = (
+    ("torch.utils.data._utils.worker", "_worker_loop"),  # torch's iterator reads it there at each start
+    ("torchdata.stateful_dataloader.stateful_dataloader", "_worker_loop"),  # torchdata's imported name
+)
+_MULTI_PROCESS_ITERATORS = (
+    ("torch.utils.data.dataloader", "_MultiProcessingDataLoaderIter"),
+    ("torchdata.stateful_dataloader.stateful_dataloader", "_StatefulMultiProcessingDataLoaderIter"),
+)
+
+
+def _homes(names: tuple[tuple[str, str], ...]) -> list[tuple[Any, str]]:
+    import importlib
+
+    return [(importlib.import_module(module), name) for module, name in names]
+
+
+def replace_worker_loops(wrap: Callable[[WorkerLoop], WorkerLoop]) -> Callable[[], None]:
+    """Every worker process a torch or torchdata loader starts from now on runs ``wrap(loop)`` (``loop``: the
+    worker loop it would have run) as its target, whatever its start method; the returned function puts the
+    loops back. ``wrap(loop)`` is pickled for a worker that is not forked."""
+    replaced = []
+    for module, name in _homes(_WORKER_LOOP_HOMES):
+        loop = getattr(module, name)
+        setattr(module, name, wrap(loop))
+        replaced.append((module, name, loop))
+
+    def restore() -> None:
+        for module, name, loop in replaced:
+            setattr(module, name, loop)
+
+    return restore
+
+
+def guard_worker_starts(guard: Callable[[DataLoader[Any]], AbstractContextManager[Any]]) -> Callable[[], None]:
+    """Every multi-process iterator of torch and torchdata starts its worker processes inside
+    ``guard(loader)`` from now on; the returned function ends that."""
+    replaced = []
+    for module, name in _homes(_MULTI_PROCESS_ITERATORS):
+        iterator_class = getattr(module, name)
+        start = iterator_class.__dict__["__init__"]
+
+        def guarded_start(self: Any, loader: DataLoader[Any], *args: Any, __start: Any = start, **kwargs: Any) -> None:
+            with guard(loader):
+                __start(self, loader, *args, **kwargs)
+
+        iterator_class.__init__ = guarded_start
+        replaced.append((iterator_class, start))
+
+    def restore() -> None:
+        for iterator_class, start in replaced:
+            iterator_class.__init__ = start
+
+    return restore

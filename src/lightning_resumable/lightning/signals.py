@@ -12,9 +12,10 @@ the sanity check and the first loaders' workers) until Lightning's own teardown 
 (after the exception path's save and the loaders' shutdown): a handler only records the signal, and
 Lightning sets none of its own meanwhile. At the train start and at the end of each training batch,
 where every rank is in step, the ranks agree in one small all-reduce on what any of them received, and
-all act on it at the same step. Every process a rank forks meanwhile (loader workers of any loader)
-leaves the signals to its rank (`lightning_resumable.readers.worker_signals`), so a signal to the whole
-process group ends no worker under its rank.
+all act on it at the same step. Every process a rank forks meanwhile, and every loader worker it starts
+by forkserver or spawn (of any loader), leaves the signals to its rank
+(`lightning_resumable.readers.worker_signals`, `lightning_resumable.readers.worker_starts`), so a signal
+to the whole process group ends no worker under its rank.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from lightning_resumable.readers.worker_signals import (
     leave_signals_to_this_process,
     stop_leaving_signals,
 )
+from lightning_resumable.readers.worker_starts import leave_signals_to_workers, stop_leaving_signals_to_workers
 
 __all__ = ["HeldPreemption"]
 
@@ -74,7 +76,7 @@ class HeldPreemption:
         if not signals.install():  # not the main thread: Lightning cannot set its handlers either
             return
         self._signals, self._trainer, self._ending, self._capture = signals, trainer, False, capture
-        leave_signals_to_this_process(signals.signums)
+        leave_signals_to_workers(leave_signals_to_this_process(signals.signums), signals.signums)
         keep_lightning_from_signals(trainer, signals.signums, self.release)
 
     def act(self, trainer: pl.Trainer, at_boundary: bool, before_training: bool = False) -> None:
@@ -118,6 +120,7 @@ class HeldPreemption:
             return
         give_signals_back_to_lightning(trainer)
         stop_leaving_signals()
+        stop_leaving_signals_to_workers()
         for signum in sorted(signals.uninstall() | self._agreed):
             if self._ending:
                 rank_zero_info(f"signal {signum} arrived while the fit was ending; it changed nothing")

@@ -20,9 +20,12 @@ fork, so every forked process sees its changes).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import mmap
 import os
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from types import FrameType
@@ -33,7 +36,15 @@ import torch.distributed as dist
 
 from lightning_resumable.internals._torch import after_worker_signal_setup, is_set_without_locking
 
-__all__ = ["DeferredSignals", "Handler", "leave_signals_to_this_process", "stop_leaving_signals"]
+__all__ = [
+    "DeferredSignals",
+    "Handler",
+    "LeftToHolder",
+    "leave_signals_in_this_worker",
+    "leave_signals_to_this_process",
+    "map_record",
+    "stop_leaving_signals",
+]
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
@@ -48,7 +59,7 @@ class DeferredSignals:
         self._pid = os.getpid()
 
     def _record(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:  # a forked process before its after-fork hook (`_LeftToHolder`): not its signal
+        if os.getpid() != self._pid:  # a forked process before its after-fork hook (`LeftToHolder`): not its signal
             return
         self._received.add(signum)
 
@@ -98,51 +109,86 @@ class DeferredSignals:
         return {signum for signum, flag in zip(self.signums, flags.tolist(), strict=True) if flag}
 
 
-# ---------------------------------------------------------------------- the processes a holder forks
+# ---------------------------------------------------------------------- the processes a holder starts
 _holding: mmap.mmap | None = None
-"""The holding process's shared byte (1 while it holds), inherited by every process it forks."""
+"""The holding process's shared byte (1 while it holds): a one-byte file's shared mapping, inherited by every
+process it forks and mapped by path in a process it starts otherwise (`leave_signals_in_this_worker`)."""
+_holding_path = ""
 _holder = 0
 """The pid of the process that made `_holding` (a forked process holding for itself makes its own)."""
 _held: tuple[int, ...] = ()
 _hook_installed = False
+_arranged_in = 0
+"""The pid of the process whose held signals are already left to its holder (a forked worker, by the at-fork
+hook, before its worker loop does it again)."""
 
 
-def leave_signals_to_this_process(signums: Iterable[int]) -> None:
+def _make_record() -> None:
+    global _holding, _holding_path, _holder
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    descriptor, _holding_path = tempfile.mkstemp(prefix=f"lightning-resumable-holder-{os.getpid()}-", dir=folder)
+    try:
+        os.write(descriptor, b"\0")
+        _holding = mmap.mmap(descriptor, 1)  # shared: every process that maps the file sees its changes
+    finally:
+        os.close(descriptor)
+    _holder = os.getpid()
+    atexit.register(_remove_record, _holding_path, _holder)
+
+
+def _remove_record(path: str, holder: int) -> None:
+    if os.getpid() == holder:  # not a forked process's exit
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def leave_signals_to_this_process(signums: Iterable[int]) -> str:
     """From now until `stop_leaving_signals`, every process this one forks (and their own forks) ignores
-    ``signums`` while this one lives and holds them; see the module's docstring."""
-    global _holding, _holder, _held, _hook_installed
+    ``signums`` while this one lives and holds them; see the module's docstring. The path of the record
+    that says whether this process holds (for a worker it starts without forking)."""
+    global _held, _hook_installed
     if _holding is None or _holder != os.getpid():
-        _holding, _holder = mmap.mmap(-1, 1), os.getpid()  # shared and anonymous: forks see its changes
+        _make_record()
+    assert _holding is not None
     _held = tuple(sorted(set(signums)))
     _holding[0] = 1
     if not _hook_installed:
         os.register_at_fork(after_in_child=_in_forked_child)
         _hook_installed = True
+    return _holding_path
 
 
 def stop_leaving_signals() -> None:
-    """The processes forked so far end on those signals again as they would without the library."""
+    """The processes started so far end on those signals again as they would without the library."""
     if _holding is not None and _holder == os.getpid():
         _holding[0] = 0
 
 
-class _LeftToHolder:
-    """A forked process's handler of the held signals: ignored while its parent lives and holds them; else the
-    signal's default action, as without the library. A loader worker whose loader is shutting it down exits
-    at once, as torch's own handler makes it exit on its parent's ``terminate``: with status 0, which its
-    rank, still watching its workers while it joins them, takes for a worker that ended (one killed by the
-    signal there failed the rank with "DataLoader worker ... is killed by signal")."""
+class LeftToHolder:
+    """A started process's handler of the held signals: ignored while its parent lives and its holder holds
+    them; else the signal's default action, as without the library. A loader worker whose loader is shutting
+    it down exits at once, as torch's own handler makes it exit on its parent's ``terminate``: with status 0,
+    which its rank, still watching its workers while it joins them, takes for a worker that ended (one killed
+    by the signal there failed the rank with "DataLoader worker ... is killed by signal").
 
-    def __init__(self, holding: mmap.mmap, parent: int) -> None:
+    ``parent``: the process whose life the holder's is (the holder, or the forkserver that forked this one,
+    which ends with the holder)."""
+
+    def __init__(self, holding: mmap.mmap, parent: int, signums: tuple[int, ...]) -> None:
         self.holding = holding
         self.parent = parent
+        self.signums = signums
         self.loader_done: Any = None  # a torch worker's ``done_event``, once its loop started
+
+    def install(self) -> None:
+        for signum in self.signums:
+            signal.signal(signum, self)
 
     def worker_started(self, done_event: Any) -> None:
         """In a torch loader worker, after torch set its own handlers: the held SIGTERM is left to the holder
         again, and the worker knows when its loader is being shut down."""
         self.loader_done = done_event
-        if signal.SIGTERM in _held:
+        if signal.SIGTERM in self.signums:
             signal.signal(signal.SIGTERM, self)
 
     def leaves(self) -> bool:
@@ -159,9 +205,27 @@ class _LeftToHolder:
 
 def _in_forked_child() -> None:
     """``os.register_at_fork``'s ``after_in_child``: a process forked while its parent holds leaves them to it."""
+    global _arranged_in
     if _holding is None or not _holding[0] or not _held:
         return
-    handler = _LeftToHolder(_holding, os.getppid())
-    for signum in _held:
-        signal.signal(signum, handler)
+    handler = LeftToHolder(_holding, os.getppid(), _held)
+    handler.install()
     after_worker_signal_setup(handler.worker_started)
+    _arranged_in = os.getpid()
+
+
+def map_record(path: str) -> mmap.mmap:
+    """The holder's record at ``path``, mapped read-only in a process it did not fork."""
+    with open(path, "rb") as record:
+        return mmap.mmap(record.fileno(), 1, prot=mmap.PROT_READ)
+
+
+def leave_signals_in_this_worker(path: str, signums: tuple[int, ...]) -> None:
+    """In a loader worker its holder started, before its worker loop: leave ``signums`` to the holder whose
+    record is at ``path`` (nothing to do in a forked worker, which did it as it was forked). The signals a
+    worker started by spawn was started with blocked are unblocked once torch's handlers are replaced."""
+    if _arranged_in == os.getpid():
+        return
+    handler = LeftToHolder(map_record(path), os.getppid(), signums)
+    handler.install()
+    after_worker_signal_setup(handler.worker_started, unblock=signums)

@@ -1,0 +1,139 @@
+"""Loader workers that are not forked leave the held signals to their rank too.
+
+A worker started by ``spawn`` is a new interpreter, one started by ``forkserver`` (Python 3.14's default,
+which torch's ``DataLoader`` follows) a fork of a server process the rank started: neither runs the
+rank's ``os.register_at_fork`` hook (`lightning_resumable.readers.worker_signals`), and a SIGTERM sent to
+the whole job while it starts, or once torch set its handler, ends it, and its rank fails with "DataLoader
+worker ... exited unexpectedly". What every worker of a torch (or torchdata) loader runs, whatever its
+start method, is the worker loop its iterator gives it as its target: while a rank holds, that target is
+`LeavingWorkerLoop` (pickled for a worker that is not forked), which leaves the signals to the rank before
+the loop starts. Until it runs, the start method decides:
+
+- fork: the at-fork hook has already done it.
+- spawn: the rank starts the worker with the held signals blocked (a signal mask is inherited through the
+  new interpreter's ``exec``), so one sent meanwhile waits and reaches the worker's handler once it is set.
+  CPython starts its resource tracker the same way.
+- forkserver: the server (which the group's signal would end too, and with it every later worker start)
+  is started by the rank with the signals blocked and imports `lightning_resumable.readers.forkserver_signals`,
+  which makes it, and every process it forks, leave them to the rank. A server started before the hold (a
+  loader iterated before the fit) is let go (it ends once no process holds its pipe; what it started goes
+  on) and another one started so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from lightning_resumable.internals._multiprocessing import (
+    abandon_forkserver,
+    forkserver_pid,
+    forkserver_preload,
+    start_forkserver,
+)
+from lightning_resumable.internals._torch import guard_worker_starts, replace_worker_loops
+from lightning_resumable.readers.worker_signals import leave_signals_in_this_worker
+
+__all__ = ["FORKSERVER_MODULE", "HOLDER_VARIABLE", "LeavingWorkerLoop", "leave_signals_to_workers", "start_method"]
+
+FORKSERVER_MODULE = "lightning_resumable.readers.forkserver_signals"
+HOLDER_VARIABLE = "LIGHTNING_RESUMABLE_SIGNAL_HOLDER"
+"""Set while the rank starts its forkserver: ``<record path>:<signal>,<signal>...``."""
+
+
+def start_method(loader: DataLoader[Any]) -> str:
+    """How ``loader``'s workers start: its ``multiprocessing_context``'s method, else the process default."""
+    context = loader.multiprocessing_context
+    method: str = context.get_start_method() if context is not None else multiprocessing.get_start_method()
+    return method
+
+
+class LeavingWorkerLoop:
+    """A loader worker's target while its rank holds: leaves ``signums`` to the rank, then runs ``loop``."""
+
+    def __init__(self, loop: Callable[..., Any], record: str, signums: tuple[int, ...]) -> None:
+        self.loop, self.record, self.signums = loop, record, signums
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leave_signals_in_this_worker(self.record, self.signums)
+        return self.loop(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The loop by its name: on the rank, where it is pickled, that name is this object's.
+        return _leaving_worker_loop, (self.loop.__module__, self.loop.__qualname__, self.record, self.signums)
+
+
+def _leaving_worker_loop(module: str, name: str, record: str, signums: tuple[int, ...]) -> LeavingWorkerLoop:
+    return LeavingWorkerLoop(getattr(importlib.import_module(module), name), record, signums)
+
+
+_stop: list[Callable[[], None]] = []
+_forkserver: tuple[int, str] | None = None
+"""The forkserver this process started holding (its pid, and the holder it was started for)."""
+
+
+def leave_signals_to_workers(record: str, signums: tuple[int, ...]) -> None:
+    """From now until `stop_leaving_signals_to_workers`, every torch loader worker started leaves ``signums``
+    to this process (whose record of holding is at ``record``), whatever its start method."""
+    stop_leaving_signals_to_workers()
+    holder = f"{record}:{','.join(str(signum) for signum in signums)}"
+
+    @contextlib.contextmanager
+    def starting_workers(loader: DataLoader[Any]) -> Iterator[None]:
+        method = start_method(loader) if loader.num_workers > 0 else "none"
+        if method == "forkserver":
+            _ensure_forkserver(holder, signums)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signums) if method == "spawn" else None
+        try:
+            yield
+        finally:
+            if blocked is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    _stop.append(replace_worker_loops(lambda loop: LeavingWorkerLoop(loop, record, signums)))
+    _stop.append(guard_worker_starts(starting_workers))
+
+
+def stop_leaving_signals_to_workers() -> None:
+    """Workers started from now on run their own loop again."""
+    while _stop:
+        _stop.pop()()
+
+
+def _ensure_forkserver(holder: str, signums: tuple[int, ...]) -> None:
+    """This process's forkserver, started for ``holder`` (see the module's docstring) unless one runs."""
+    global _forkserver
+    running = forkserver_pid()
+    if running is not None and _forkserver == (running, holder) and _is_alive(running):
+        return
+    if running is not None:  # started before the hold (a loader iterated before the fit), or for another one
+        abandon_forkserver()
+    modules = forkserver_preload()
+    if FORKSERVER_MODULE not in modules:
+        multiprocessing.set_forkserver_preload([*modules, FORKSERVER_MODULE])
+    previous = os.environ.get(HOLDER_VARIABLE)
+    os.environ[HOLDER_VARIABLE] = holder
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        _forkserver = (start_forkserver(), holder)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        if previous is None:
+            del os.environ[HOLDER_VARIABLE]
+        else:
+            os.environ[HOLDER_VARIABLE] = previous
+
+
+def _is_alive(pid: int) -> bool:
+    """Whether child ``pid`` has not ended (read without reaping it: multiprocessing reaps its server)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
