@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import random
+import signal
+import subprocess
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -360,3 +362,9 @@ def resumed(mix: Mixture, saved: MixtureState, world_size: int = 1) -> MixtureOw
     owner = owner_for(mix, world_size)
     owner.restore(saved, saved.loader.state.epoch, False, lambda *arguments: None)
     return owner
+
+
+def scheduler_signals(pid: int, signum: int = signal.SIGTERM) -> None:
+    """Signal ``pid`` from another process, as a cluster's scheduler does (torch's worker handler tells its
+    parent's SIGTERM from anyone else's)."""
+    subprocess.run(["kill", "-s", signal.Signals(signum).name.removeprefix("SIG"), str(pid)], check=True)

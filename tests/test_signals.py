@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,16 +27,9 @@ from lightning_resumable.readers.worker_signals import (
     leave_signals_to_this_process,
     stop_leaving_signals,
 )
-
 from lightning_resumable.readers.worker_starts import leave_signals_to_workers, stop_leaving_signals_to_workers
 
-from .helpers import Data, Model, trainer
-
-
-def scheduler_signals(pid: int, signum: int = signal.SIGTERM) -> None:
-    """Signal ``pid`` from another process, as a cluster's scheduler does (torch's worker handler tells its
-    parent's SIGTERM from anyone else's)."""
-    subprocess.run(["kill", "-s", signal.Signals(signum).name.removeprefix("SIG"), str(pid)], check=True)
+from .helpers import Data, Model, scheduler_signals, trainer
 
 
 def test_a_signal_is_recorded_then_agreed_on_once_and_the_original_handler_comes_back() -> None:
@@ -461,3 +453,24 @@ def test_a_fit_preempted_before_its_first_batch_keeps_the_validation_its_restore
     )
     assert stopped.seen[:4] + resumed.seen == full.seen
     assert [step for step in stopped.validated if step < 4] + resumed.validated == full.validated
+
+
+class SignalledThenFailing(Model):
+    """A step in which this process gets SIGTERM, then fails (a worker that died of it, as torch reports one)."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if batch_idx == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+            raise RuntimeError("DataLoader worker (pid(s) 1) exited unexpectedly")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_signal_the_ranks_had_not_agreed_on_when_an_exception_ended_the_fit_is_not_said_to_come_after_the_last_batch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fit ends by the exception it raised, and the log says the signal came before it (it said "after the
+    last training batch", at batch 1 of 4)."""
+    with caplog.at_level("INFO"), pytest.raises(RuntimeError, match="exited unexpectedly"):
+        trainer(tmp_path, [ResumableDataCallback()]).fit(SignalledThenFailing(), Data())
+    assert "signal 15 arrived before the fit ended by an exception; it changed nothing" in caplog.text
+    assert "after the last training batch" not in caplog.text

@@ -10,12 +10,16 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_resumable import ResumableDataCallback, ResumableDataModule
+from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.internals._multiprocessing import forkserver_pid, forkserver_preload, start_forkserver
 from lightning_resumable.readers.worker_signals import (
     DeferredSignals,
@@ -28,7 +32,7 @@ from lightning_resumable.readers.worker_starts import (
     stop_leaving_signals_to_workers,
 )
 
-from .test_signals import no_child_outlives_its_test, scheduler_signals  # noqa: F401  (the autouse fixture)
+from .helpers import Model, scheduler_signals, trainer
 
 FORKSERVER = "forkserver"
 
@@ -99,3 +103,46 @@ def test_multiprocessings_private_names_the_library_reads() -> None:
     pid = start_forkserver()
     assert forkserver_pid() == pid and running(pid)
     assert multiprocessing.get_context("forkserver").get_start_method() == "forkserver"
+
+
+class Features(TensorDataset):
+    def __init__(self, transform: Any = None) -> None:
+        super().__init__(torch.arange(8).float().unsqueeze(1))
+        self.transform = transform
+
+
+def first_of(samples: list[Any]) -> Any:
+    return torch.utils.data.default_collate(samples)
+
+
+class Workers(ResumableDataModule, L.LightningDataModule):
+    def __init__(self, method: str, what: str) -> None:
+        super().__init__()
+        self.method, self.what = method, what
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        options: dict[str, Any] = {"dataset": Features(), "collate_fn": first_of, "worker_init_fn": None}
+        if self.what == "dataset":
+            options["dataset"] = Features(transform=lambda x: x)
+        elif self.what == "collate_fn":
+            options["collate_fn"] = lambda samples: torch.utils.data.default_collate(samples)
+        elif self.what == "worker_init_fn":
+            options["worker_init_fn"] = lambda worker: None
+        return DataLoader(batch_size=2, shuffle=True, num_workers=2, multiprocessing_context=self.method, **options)
+
+
+@pytest.mark.parametrize("what", ["dataset", "collate_fn", "worker_init_fn"])
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_what_a_worker_not_forked_cannot_unpickle_is_refused_before_any_step_naming_it(
+    tmp_path: Path, method: str, what: str
+) -> None:
+    model = Model()
+    with pytest.raises(UnsupportedLoaderError, match=rf"start by {method}, which pickles its {what} .*local object"):
+        trainer(tmp_path, [ResumableDataCallback()]).fit(model, Workers(method, what))
+    assert model.seen == []
+
+
+def test_the_same_loader_started_by_fork_needs_nothing_pickled(tmp_path: Path) -> None:
+    model = Model()
+    trainer(tmp_path, [ResumableDataCallback()]).fit(model, Workers("fork", "dataset"))
+    assert len(model.seen) == 4

@@ -151,5 +151,11 @@ def serve() -> None:
         print(json.dumps({"exit": os.waitstatus_to_exitcode(status)}), flush=True)
 
 
+if __name__ == "__mp_main__":  # a loader worker started by spawn, or multiprocessing's forkserver, of a run
+    from processes import dump_stacks_if_asked
+
+    dump_stacks_if_asked()
+
+
 if __name__ == "__main__":
     serve()

@@ -139,6 +139,9 @@ class Scenario:
     val_workers: int = 0
     wds_form: str = ""
     """A ``wds`` pipeline's form (`train.WDS_FORMS`): ``""`` batched by the loader, or batched in the pipeline."""
+    start_method: str = "fork"
+    """How loader workers start (`train.use_start_method`): ``fork``, ``forkserver`` or ``spawn`` given to each
+    loader, or ``default:forkserver`` / ``default:spawn`` set as the process default (Python 3.14's)."""
     wds_refused: str = ""
     """A stage the docs list as refused added to the ``wds`` pipeline (`train.WDS_REFUSED`): every run of it must
     fail before any step with an ``UnsupportedLoaderError`` naming it."""
@@ -185,6 +188,7 @@ class Scenario:
             resume_mixture_sources=None,
             resume_mixture_weights=None,
             extra_saves_every=0,  # saves change nothing: the uninterrupted run makes none
+            start_method="fork",  # how workers start changes nothing they read: one uninterrupted run for all
         )
 
     def stop_key(self) -> Scenario:
@@ -212,6 +216,8 @@ class Scenario:
         ]
         if self.persistent_workers:
             parts.insert(2, "persistent")
+        if self.start_method != "fork":
+            parts.insert(2, self.start_method.replace("default:", "default-"))
         if self.estimated_stepping_batches:
             parts.append("est_steps")
         parts += [f"{name}={value}" for name, value in self.callback_options]

@@ -144,7 +144,20 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
         if staged.random() < 0.25:
             pipeline = {"wds_refused": staged.choice(refusable)}
         scenario, reference = replace(scenario, **pipeline), replace(reference, **pipeline)  # type: ignore[arg-type]
-    return scenario, reference
+    method = _start_method(seed, scenario)
+    return replace(scenario, start_method=method), replace(reference, start_method=method)
+
+
+START_METHODS = ("fork", "fork", "forkserver", "spawn", "default:forkserver", "default:forkserver", "default:spawn")
+"""How the loader workers of a drawn run start (issue 54; `train.use_start_method`): fork, Python 3.11-3.13's
+default; forkserver or spawn given to each loader; forkserver as the process default, Python 3.14's (twice as
+often: every 3.14 user's), or spawn. Spawn is drawn least: each of its workers imports torch and Lightning anew."""
+
+
+def _start_method(seed: int, scenario: Scenario) -> str:
+    """The start method ``seed`` draws for ``scenario``, salted: every other draw stays each seed's."""
+    method = random.Random(seed * 7561 + 54).choice(START_METHODS)
+    return method if scenario.num_workers or scenario.val_workers or scenario.resume_num_workers else "fork"
 
 
 def draw_chain(seed: int) -> tuple[Scenario, list[Leg]]:
@@ -194,7 +207,11 @@ def draw_chain(seed: int) -> tuple[Scenario, list[Leg]]:
     keep_workers = scenario.data in STREAMS or scenario.online_mixing
     legs.append(Leg("end", num_workers=scenario.num_workers if keep_workers else draw.choice((0, 1, 2))))
     resized = random.Random(seed * 7561 + 5314).random() < 0.6 and _resizable(scenario, legs)
-    return _with_skip(seed, scenario, legs, per_epoch, resized)
+    scenario, legs = _with_skip(seed, scenario, legs, per_epoch, resized)
+    any_workers = scenario.num_workers or scenario.val_workers or any(leg.num_workers for leg in legs)
+    return replace(
+        scenario, start_method=_start_method(seed, replace(scenario, num_workers=int(bool(any_workers))))
+    ), legs
 
 
 SKIPPABLE = ("map", "mixture", "stream", "hf", "wds")
@@ -597,7 +614,7 @@ def _preempted(seed: int, scenario: Scenario) -> tuple[Scenario, Preemption]:
         sanity_steps=2 if when == "sanity" else 0,
         again=again,
     )
-    return scenario, preemption
+    return replace(scenario, start_method=_start_method(seed, scenario)), preemption
 
 
 def draw_preemption(seed: int) -> tuple[Scenario, Preemption]:

@@ -42,6 +42,18 @@ def dump_stacks_on_signal(directory: Path) -> None:
     if not _registered_in:
         os.register_at_fork(after_in_child=lambda: dump_stacks_on_signal(_registered_in[-1]))
     _registered_in.append(directory)
+    os.environ[_STACKS_VARIABLE] = str(directory)  # for a process started without a fork (`dump_stacks_if_asked`)
+
+
+_STACKS_VARIABLE = "E2E_STACKS_DIR"
+
+
+def dump_stacks_if_asked() -> None:
+    """In a process a run started without forking (a loader worker started by spawn, multiprocessing's
+    forkserver), as the run's main module is imported there: write its stack as the run's processes do."""
+    directory = os.environ.get(_STACKS_VARIABLE)
+    if directory and not _registered_in:
+        dump_stacks_on_signal(Path(directory))
 
 
 def launch(

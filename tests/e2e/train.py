@@ -17,9 +17,12 @@ ends the process at once with ``os._exit`` (no cleanup, no exception handling, l
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
+import multiprocessing
+import multiprocessing.process
 import os
 import random
 import re
@@ -194,6 +197,17 @@ class ShardedStream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         self.last_id = self._resume_after  # the state until the next sample is read
 
 
+def hf_rows(rows_per_shard: int, shards: list[int]) -> Any:
+    for shard in shards:
+        for row in range(rows_per_shard):
+            yield {"id": shard * rows_per_shard + row}
+
+
+def hf_augment(example: dict[str, Any]) -> dict[str, Any]:
+    sample_id, values = augmented(example["id"])
+    return {"id": int(sample_id), "x": values.tolist()}
+
+
 def hf_stream(size: int, rank: int, world_size: int, shuffle_buffer: int = 0) -> Any:
     """A Hugging Face ``datasets.IterableDataset`` from a generator over 8 local shards, augmented in
     ``map`` and split by node; nothing comes from the hub."""
@@ -201,17 +215,8 @@ def hf_stream(size: int, rank: int, world_size: int, shuffle_buffer: int = 0) ->
     from datasets.distributed import split_dataset_by_node
 
     rows_per_shard = size // 8
-
-    def rows(shards: list[int]) -> Any:
-        for shard in shards:
-            for row in range(rows_per_shard):
-                yield {"id": shard * rows_per_shard + row}
-
-    def augment(example: dict[str, Any]) -> dict[str, Any]:
-        sample_id, values = augmented(example["id"])
-        return {"id": int(sample_id), "x": values.tolist()}
-
-    stream = HFIterableDataset.from_generator(rows, gen_kwargs={"shards": list(range(8))}).map(augment)
+    rows = functools.partial(hf_rows, rows_per_shard)  # module-level: pickled for workers started by spawn
+    stream = HFIterableDataset.from_generator(rows, gen_kwargs={"shards": list(range(8))}).map(hf_augment)
     if shuffle_buffer:
         stream = stream.shuffle(seed=7, buffer_size=shuffle_buffer)
     return split_dataset_by_node(stream, rank=rank, world_size=world_size)
@@ -1098,9 +1103,15 @@ class Preempt(L.Callback):
         self.sent = False
         self.targets: list[str] = []
         self.past_at = False  # a training batch at or after ``at`` has ended
-        self.armed = False  # workers_start: the next fork of a loader worker sends the signal
+        self.armed = False  # workers_start: the next loader worker rank 0 starts sends the signal
         if self.when == "workers_start":
-            os.register_at_fork(after_in_child=self.from_a_forked_worker)
+            start = multiprocessing.process.BaseProcess.start
+
+            def start_then_signal(process: Any) -> None:  # whatever the start method: fork, forkserver, spawn
+                start(process)
+                self.from_a_started_worker()
+
+            multiprocessing.process.BaseProcess.start = start_then_signal  # type: ignore[method-assign]
 
     def reached(self, trainer: L.Trainer, batch_idx: int) -> bool:
         return (trainer.current_epoch, batch_idx) >= self.at
@@ -1156,14 +1167,13 @@ class Preempt(L.Callback):
         else:
             self.kill("KILL", after_s=random.Random(str(self.config["seed"])).uniform(0.0, 0.3))
 
-    def from_a_forked_worker(self) -> None:
-        """In a process rank 0 forked while armed (a loader worker starting): the first one sends the signal."""
+    def from_a_started_worker(self) -> None:
+        """In rank 0, once it has started a process while armed (a loader worker, now starting): the first one
+        sends the signal, which reaches that worker as it starts (a worker started by spawn or forkserver is still
+        importing, one forked is on its way to its worker loop)."""
         if not self.armed:
             return
-        try:
-            os.close(os.open(self.out / f"{self.config['phase']}.worker_sent", os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            return
+        self.armed = False
         self.send()
 
     def setup(self, trainer: L.Trainer, pl_module: Any, stage: str) -> None:
@@ -1252,8 +1262,26 @@ def evaluate_after_fit(
     out.write_text(json.dumps(results))
 
 
+def use_start_method(method: str) -> None:
+    """Start the run's loader workers by ``method``: ``fork`` (Python 3.11-3.13's default); ``forkserver`` or
+    ``spawn`` given to each loader as its ``multiprocessing_context``, as a user passes it; ``default:METHOD`` set
+    as the process default, as Python 3.14 sets ``forkserver`` (and torch's loaders follow it)."""
+    if method.startswith("default:"):
+        multiprocessing.set_start_method(method.removeprefix("default:"), force=True)
+    elif method != "fork":
+        construct = torch.utils.data.DataLoader.__init__
+
+        def with_context(self: Any, *args: Any, **kwargs: Any) -> None:
+            construct(self, *args, **kwargs)
+            if self.num_workers > 0 and self.multiprocessing_context is None:
+                self.multiprocessing_context = method
+
+        torch.utils.data.DataLoader.__init__ = with_context  # type: ignore[method-assign]
+
+
 def main(config_path: str) -> None:
     config = json.loads(Path(config_path).read_text())
+    use_start_method(config.get("start_method", "fork"))
     # A test aims a signal at one rank: each rank says which process it is, as it starts.
     (Path(config["out_dir"]) / f"{config['phase']}.rank{launched_rank()}.pid").write_text(str(os.getpid()))
     if config.get("seed") is not None:
@@ -1372,6 +1400,11 @@ def fit(
     if config["phase"].startswith("resume") and config.get("evaluate_after_fit"):
         evaluate_after_fit(config, trainer, model, datamodule, trainer_options)
 
+
+if __name__ == "__mp_main__":  # a loader worker started by spawn, or the forkserver, importing the main module
+    from processes import dump_stacks_if_asked
+
+    dump_stacks_if_asked()
 
 if __name__ == "__main__":
     from processes import dump_stacks_on_signal  # this script's folder is first on sys.path

@@ -113,7 +113,7 @@ class HeldPreemption:
     def release(self) -> None:
         """Give the signals back (Lightning's teardown calls it once its own handlers are restored): a signal
         received after the last batch only marks a SIGTERM (the fit is ending: no rank waits for the others
-        any more); one received once the fit was ending is only reported."""
+        any more); one received once the fit was ending, or before an exception ended it, is only reported."""
         signals, trainer = self._signals, self._trainer
         self._signals, self._trainer = None, None
         if signals is None or trainer is None:
@@ -124,6 +124,9 @@ class HeldPreemption:
         for signum in sorted(signals.uninstall() | self._agreed):
             if self._ending:
                 rank_zero_info(f"signal {signum} arrived while the fit was ending; it changed nothing")
+                continue
+            if trainer.interrupted:  # an exception ended the fit before the ranks reached a point to act on it
+                rank_zero_info(f"signal {signum} arrived before the fit ended by an exception; it changed nothing")
                 continue
             rank_zero_info(f"signal {signum} arrived after the last training batch; the fit ends as it would")
             if signum == signal.SIGTERM:

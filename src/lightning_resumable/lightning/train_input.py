@@ -22,6 +22,7 @@ from lightning_resumable.lightning.mixture_owner import MixtureOwner
 from lightning_resumable.lightning.owners import LoaderOwner, LoadersOwner
 from lightning_resumable.lightning.stream_owner import StreamOwner
 from lightning_resumable.readers.build import BuildOptions, Built, build_resumable
+from lightning_resumable.readers.worker_starts import refuse_unpicklable
 
 __all__ = ["TrainOwner", "build_train_input", "run_seed"]
 
@@ -72,6 +73,7 @@ def build_train_input(
     several = split_train_loaders(returned)
     if several is None:
         one = built(returned, seed)
+        refuse_unpicklable(one.loader, "the train loader")
         if one.stream is not None:
             return StreamOwner(one.stream, trainer.global_rank, trainer.world_size), one.loader
         if one.mixture is not None:
@@ -81,6 +83,8 @@ def build_train_input(
     for key, each in loaders.items():
         _refuse_among_several(key, each)
     rebuilt = {key: built(each, key_seed(seed, key)).loader for key, each in loaders.items()}
+    for key, each in rebuilt.items():
+        refuse_unpicklable(each, f"train loader {key!r}")
     return LoadersOwner(rebuilt, mode, seed), rebuild(rebuilt)
 
 

@@ -28,10 +28,12 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Callable, Iterator
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from torch.utils.data import DataLoader
 
+from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.internals._multiprocessing import (
     abandon_forkserver,
     forkserver_pid,
@@ -41,7 +43,14 @@ from lightning_resumable.internals._multiprocessing import (
 from lightning_resumable.internals._torch import guard_worker_starts, replace_worker_loops
 from lightning_resumable.readers.worker_signals import leave_signals_in_this_worker
 
-__all__ = ["FORKSERVER_MODULE", "HOLDER_VARIABLE", "LeavingWorkerLoop", "leave_signals_to_workers", "start_method"]
+__all__ = [
+    "FORKSERVER_MODULE",
+    "HOLDER_VARIABLE",
+    "LeavingWorkerLoop",
+    "leave_signals_to_workers",
+    "refuse_unpicklable",
+    "start_method",
+]
 
 FORKSERVER_MODULE = "lightning_resumable.readers.forkserver_signals"
 HOLDER_VARIABLE = "LIGHTNING_RESUMABLE_SIGNAL_HOLDER"
@@ -53,6 +62,29 @@ def start_method(loader: DataLoader[Any]) -> str:
     context = loader.multiprocessing_context
     method: str = context.get_start_method() if context is not None else multiprocessing.get_start_method()
     return method
+
+
+def refuse_unpicklable(loader: DataLoader[Any], which: str) -> None:
+    """Before any step: what torch pickles for each worker of ``loader`` (``which`` names it) that is not forked
+    (its dataset, ``collate_fn`` and ``worker_init_fn``), pickled once here.
+
+    Raises:
+        UnsupportedLoaderError: one of them cannot be pickled; the message names it and pickle's reason.
+    """
+    method = start_method(loader) if loader.num_workers > 0 else "fork"
+    if method == "fork":
+        return
+    for name in ("dataset", "collate_fn", "worker_init_fn"):
+        value = getattr(loader, name)
+        try:
+            ForkingPickler.dumps(value)
+        except Exception as error:
+            raise UnsupportedLoaderError(
+                f"{which}'s workers start by {method}, which pickles its {name} ({type(value).__name__}) for each"
+                f" worker, and it cannot be pickled: {type(error).__name__}: {error}. Define what it holds at a"
+                " module's top level (a class or function defined inside another function cannot be pickled), or"
+                " start its workers by fork (multiprocessing_context='fork')"
+            ) from error
 
 
 class LeavingWorkerLoop:
