@@ -1271,6 +1271,7 @@ def use_start_method(method: str) -> None:
     elif method != "fork":
         construct = torch.utils.data.DataLoader.__init__
 
+        @functools.wraps(construct)  # its signature: Lightning reads a loader's arguments through it
         def with_context(self: Any, *args: Any, **kwargs: Any) -> None:
             construct(self, *args, **kwargs)
             if self.num_workers > 0 and self.multiprocessing_context is None:
