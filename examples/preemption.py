@@ -62,7 +62,9 @@ class Samples(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return torch.tensor(self.first_id + index), features
 
 
-class Data(ResumableDataModule, L.LightningDataModule):
+class PlainData(L.LightningDataModule):
+    """The datamodule as written without the library (``--without-library``: the measurement's control)."""
+
     def __init__(self, data: str, start_method: str) -> None:
         super().__init__()
         self.data = data
@@ -76,6 +78,10 @@ class Data(ResumableDataModule, L.LightningDataModule):
         return DataLoader(
             Samples(SAMPLES), batch_size=BATCH_SIZE, shuffle=True, num_workers=2, multiprocessing_context=self.context
         )
+
+
+class Data(ResumableDataModule, PlainData):
+    """The two lines: the datamodule made resumable (and ``ResumableDataCallback`` in the trainer)."""
 
 
 class Model(L.LightningModule):
@@ -114,7 +120,7 @@ class HowItEnded(L.Callback):
         Path(f"{self.out}.ended.rank{trainer.global_rank}.json").write_text(json.dumps(ended))
 
 
-def train(out: str, data: str, ckpt_path: str | None, start_method: str) -> None:
+def train(out: str, data: str, ckpt_path: str | None, start_method: str, library: bool = True) -> None:
     warnings.filterwarnings("ignore")
     if start_method == "default" and sys.version_info < (3, 14):
         multiprocessing.set_start_method("forkserver", force=True)  # Python 3.14's default on Linux
@@ -126,13 +132,18 @@ def train(out: str, data: str, ckpt_path: str | None, start_method: str) -> None
         strategy="ddp",
         max_epochs=1,
         deterministic=True,
-        callbacks=[ResumableDataCallback(), HowItEnded(out), OnExceptionCheckpoint(str(Path(out).parent), "preempted")],
+        callbacks=[
+            *([ResumableDataCallback()] if library else []),
+            HowItEnded(out),
+            OnExceptionCheckpoint(str(Path(out).parent), "preempted"),
+        ],
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=str(Path(out).parent),
     )
-    trainer.fit(Model(out), datamodule=Data(data, start_method), ckpt_path=ckpt_path)
+    datamodule = Data(data, start_method) if library else PlainData(data, start_method)
+    trainer.fit(Model(out), datamodule=datamodule, ckpt_path=ckpt_path)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
@@ -152,7 +163,7 @@ def read_records(out: Path) -> Records:
 def launch(work: Path, phase: str, args: argparse.Namespace, ckpt_path: Path | None = None) -> subprocess.Popen[bytes]:
     """One training run in a session (and process group) of its own, as a job step."""
     command = [sys.executable, __file__, "train", "--out", str(work / phase), "--data", args.data]
-    command += ["--start-method", args.start_method]
+    command += ["--start-method", args.start_method] + (["--without-library"] if args.without_library else [])
     if ckpt_path is not None:
         command += ["--ckpt-path", str(ckpt_path)]
     with (work / f"{phase}.log").open("wb") as log:
@@ -204,7 +215,7 @@ def preempt_once(work: Path, args: argparse.Namespace, at_step: int, full: Recor
         ended[rank] = json.loads(path.read_text()) if path.exists() else {"exception": "none written"}
     result: dict[str, Any] = {"exit_s": gone_after, "left": left, "ended": ended, "exact": False}
     checkpoint = work / "preempted.ckpt"
-    if left or not checkpoint.exists():
+    if left or not checkpoint.exists() or args.without_library:  # (without the library: the end only)
         return result
     saved = torch.load(checkpoint, weights_only=False, map_location="cpu")
     result["global_step"] = steps_done = int(saved["global_step"])
@@ -230,9 +241,14 @@ def main() -> None:
         choices=["fork", "forkserver", "spawn", "default"],
         help="how loader workers start: the loaders' multiprocessing_context, or the process default (forkserver)",
     )
+    parser.add_argument(
+        "--without-library",
+        action="store_true",
+        help="the same runs without the library (no resume): how each ends, and the time from the signal to the exit",
+    )
     args = parser.parse_args()
     if args.mode == "train":
-        train(args.out, args.data, args.ckpt_path, args.start_method)
+        train(args.out, args.data, args.ckpt_path, args.start_method, library=not args.without_library)
         return
 
     steps = SAMPLES // BATCH_SIZE // WORLD_SIZE
@@ -269,6 +285,10 @@ def main() -> None:
     )
     print("\n".join(rows))
     print(f"signal to exit: median {statistics.median(times):.2f} s, max {max(times):.2f} s")
+    if args.without_library:
+        ended = sum("SIGTERMException" in row and "RuntimeError" not in row and "LEFT" not in row for row in rows)
+        print(f"WITHOUT THE LIBRARY: {ended}/{args.runs} runs ended with SIGTERMException on every rank (not resumed)")
+        return
     if all_good:
         print(f"VERDICT: EXACT - {args.runs}/{args.runs} runs ended on every rank with SIGTERMException at one batch,")
         print("every process gone, and a checkpoint that resumed with the ids and loss bits of the uninterrupted run.")

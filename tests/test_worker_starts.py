@@ -6,9 +6,12 @@ checked here against the installed Python."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,3 +149,81 @@ def test_the_same_loader_started_by_fork_needs_nothing_pickled(tmp_path: Path) -
     model = Model()
     trainer(tmp_path, [ResumableDataCallback()]).fit(model, Workers("fork", "dataset"))
     assert len(model.seen) == 4
+
+
+TORCH_WORKER_LOOP = torch.utils.data._utils.worker._worker_loop  # (imported here before any test replaces it)
+
+
+def worker_loop_of_a_library(*args: Any, **kwargs: Any) -> Any:
+    """A worker loop a data library or a user put in torch's place before the fit, calling torch's."""
+    return TORCH_WORKER_LOOP(*args, **kwargs)
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+@pytest.mark.parametrize("replaced", ["a function", "a partial"])
+def test_a_worker_loop_put_in_torchs_place_before_the_hold_still_runs_in_a_worker_not_forked(
+    method: str, replaced: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.utils.data._utils import worker
+
+    loop = worker_loop_of_a_library if replaced == "a function" else functools.partial(worker_loop_of_a_library)
+    monkeypatch.setattr(worker, "_worker_loop", loop)
+    request.getfixturevalue("holding")
+    loader = DataLoader(SignalledWhileStarting(8), batch_size=2, num_workers=2, multiprocessing_context=method)
+    assert [batch[0].tolist() for batch in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+GROUP_SIGNALLED = """
+import multiprocessing, os, signal, subprocess, sys, time
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from lightning_resumable.readers.worker_signals import DeferredSignals, leave_signals_to_this_process
+from lightning_resumable.readers.worker_starts import leave_signals_to_workers
+
+
+class Slow(TensorDataset):
+    def __getitem__(self, index):
+        time.sleep(0.05)
+        return super().__getitem__(index)
+
+
+if __name__ == "__main__":
+    method, after_s = sys.argv[1], float(sys.argv[2])
+    if method.startswith("default:"):
+        multiprocessing.set_start_method(method.removeprefix("default:"), force=True)
+    signals = DeferredSignals([signal.SIGTERM, signal.SIGUSR1])
+    signals.install()
+    leave_signals_to_workers(leave_signals_to_this_process(signals.signums), signals.signums)
+    context = None if method.startswith("default:") else method
+    loader = DataLoader(Slow(torch.arange(64)), batch_size=2, num_workers=2, multiprocessing_context=context)
+    group = os.getpgrp()
+    kill = f"import os, signal, time; time.sleep({after_s}); os.killpg({group}, signal.SIGTERM)"
+    subprocess.Popen([sys.executable, "-c", kill], start_new_session=True)  # as a scheduler, from outside
+    started = time.monotonic()
+    batches = sum(1 for _ in loader)
+    time.sleep(max(0.0, after_s + 0.5 - (time.monotonic() - started)))  # the signal has come: its record is read
+    print("batches", batches, "received", sorted(signals.received), flush=True)
+"""
+
+
+@pytest.mark.parametrize("after_s", [0.3, 1.5, 2.9])
+@pytest.mark.parametrize("method", ["forkserver", "spawn", "default:forkserver", "default:spawn"])
+def test_a_process_groups_sigterm_while_workers_not_forked_start_serve_or_exit_ends_none_of_them(
+    tmp_path: Path, method: str, after_s: float
+) -> None:
+    """A fresh process (no resource tracker, no forkserver yet: as a rank's first loader), its process group
+    signalled from outside after ``after_s``: while its workers start (importing), while they serve, and near the
+    pass's end, as they exit. Found: multiprocessing's resource tracker, started with a spawned worker's first
+    start, unblocked SIGTERM before the worker was started; and a worker that was not forked put the default
+    handler back in its interpreter's finalization, killed there while its rank still watched it."""
+    script = tmp_path / "group_signalled.py"
+    script.write_text(GROUP_SIGNALLED)
+    ran = subprocess.run(
+        [sys.executable, str(script), method, str(after_s)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.strip().splitlines()[-1] == "batches 32 received [15]"

@@ -36,7 +36,10 @@ def test_a_stop_and_resume_with_workers_started_without_a_fork_is_exact(runner: 
 
 PREEMPTED = [
     (Scenario(world_size=2, num_workers=2, epochs=2, start_method="default:forkserver"), Preemption(at=(0, 3))),
-    (Scenario(world_size=2, num_workers=2, epochs=2, start_method="spawn"), Preemption(when="workers_start", at=(1, 0))),
+    (
+        Scenario(world_size=2, num_workers=2, epochs=2, start_method="spawn"),
+        Preemption(when="workers_start", at=(1, 0)),
+    ),
     (
         Scenario(world_size=2, num_workers=2, epochs=2, val_workers=2, start_method="forkserver"),
         Preemption(signal="USR1", when="validation", at=(0, 1)),

@@ -12,7 +12,9 @@ the loop starts. Until it runs, the start method decides:
 - fork: the at-fork hook has already done it.
 - spawn: the rank starts the worker with the held signals blocked (a signal mask is inherited through the
   new interpreter's ``exec``), so one sent meanwhile waits and reaches the worker's handler once it is set.
-  CPython starts its resource tracker the same way.
+  CPython starts its resource tracker the same way, and then unblocks SIGTERM: the tracker is started first.
+- once its loop has ended, a worker that was not forked goes through the interpreter's finalization, which
+  puts the default handlers back: the held signals are blocked from then on (a forked worker ends at once).
 - forkserver: the server (which the group's signal would end too, and with it every later worker start)
   is started by the rank with the signals blocked and imports `lightning_resumable.readers.forkserver_signals`,
   which makes it, and every process it forks, leave them to the rank. A server started before the hold (a
@@ -28,6 +30,7 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Callable, Iterator
+from multiprocessing import resource_tracker
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -95,15 +98,31 @@ class LeavingWorkerLoop:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         leave_signals_in_this_worker(self.record, self.signums)
-        return self.loop(*args, **kwargs)
+        try:
+            return self.loop(*args, **kwargs)
+        finally:
+            # The loop has ended: the worker only exits now. One not forked exits through the interpreter's
+            # finalization, which puts the default handlers back (a signal then would kill it while its rank still
+            # watches it): the signals wait, and end with the process.
+            signal.pthread_sigmask(signal.SIG_BLOCK, self.signums)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # The loop by its name: on the rank, where it is pickled, that name is this object's.
-        return _leaving_worker_loop, (self.loop.__module__, self.loop.__qualname__, self.record, self.signums)
+        module, name = getattr(self.loop, "__module__", None), getattr(self.loop, "__qualname__", None)
+        if module and name and _named(module, name) is not self.loop:  # its name is this object's on the rank
+            return _leaving_worker_loop, (module, name, self.record, self.signums)
+        return LeavingWorkerLoop, (self.loop, self.record, self.signums)  # pickled as itself (a partial, a class)
+
+
+def _named(module: str, name: str) -> Any:
+    found: Any = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part, None)
+    return found
 
 
 def _leaving_worker_loop(module: str, name: str, record: str, signums: tuple[int, ...]) -> LeavingWorkerLoop:
-    return LeavingWorkerLoop(getattr(importlib.import_module(module), name), record, signums)
+    """In a worker not forked: its loop is what its name holds there (the rank's replacement is not there)."""
+    return LeavingWorkerLoop(_named(module, name), record, signums)
 
 
 _stop: list[Callable[[], None]] = []
@@ -122,6 +141,8 @@ def leave_signals_to_workers(record: str, signums: tuple[int, ...]) -> None:
         method = start_method(loader) if loader.num_workers > 0 else "none"
         if method == "forkserver":
             _ensure_forkserver(holder, signums)
+        if method == "spawn":  # started first: as it starts its tracker, multiprocessing unblocks SIGTERM
+            resource_tracker.ensure_running()
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signums) if method == "spawn" else None
         try:
             yield
@@ -152,6 +173,7 @@ def _ensure_forkserver(holder: str, signums: tuple[int, ...]) -> None:
         multiprocessing.set_forkserver_preload([*modules, FORKSERVER_MODULE])
     previous = os.environ.get(HOLDER_VARIABLE)
     os.environ[HOLDER_VARIABLE] = holder
+    resource_tracker.ensure_running()  # (the forkserver's start starts it, and then unblocks SIGTERM)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
     try:
         _forkserver = (start_forkserver(), holder)
