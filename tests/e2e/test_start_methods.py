@@ -20,11 +20,11 @@ from .preemption import Preemption, run_preemption
 
 EXACT = [
     Scenario(world_size=2, num_workers=2, start_method="spawn"),
-    Scenario(world_size=2, num_workers=2, start_method="default:forkserver", stop_kind="validation", val_workers=2),
     Scenario(world_size=2, num_workers=2, data="mixture", start_method="forkserver", online_mixing=2),
-    Scenario(world_size=2, num_workers=2, data="stream", epochs=3, start_method="default:spawn"),
     Scenario(world_size=2, num_workers=2, data="hf", shuffle_buffer=5, start_method="default:forkserver"),
 ]
+"""(A validation with workers of its own, a user's stream, and the rest: the matrices' seeds, which draw the start
+method; this module also runs on the newest Python, where nothing is shared with other modules.)"""
 
 
 @pytest.mark.parametrize("scenario", EXACT, ids=[scenario.label() for scenario in EXACT])
