@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,12 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 from torchdata.stateful_dataloader.stateful_dataloader import _StatefulMultiProcessingDataLoaderIter
 
 import lightning_resumable
+from lightning_resumable.readers.worker_signals import (
+    DeferredSignals,
+    leave_signals_to_this_process,
+    stop_leaving_signals,
+)
+from lightning_resumable.readers.worker_starts import leave_signals_to_workers, stop_leaving_signals_to_workers
 
 SOURCE_TREE = Path(__file__).resolve().parents[1] / "src"
 
@@ -69,3 +76,18 @@ def _loaders_shut_down_at_once() -> Iterator[None]:
     yield
     slow, _slow_shutdowns[:] = list(_slow_shutdowns), []
     assert slow == [], slow
+
+
+@pytest.fixture
+def holding() -> Iterator[DeferredSignals]:
+    """This process holds SIGTERM and SIGUSR1, as a rank does during a fit: every process it starts (by fork,
+    forkserver or spawn) leaves them to it (`tests/test_signals.py`, `tests/test_worker_starts.py`)."""
+    signals = DeferredSignals([signal.SIGTERM, signal.SIGUSR1])
+    assert signals.install()
+    leave_signals_to_workers(leave_signals_to_this_process(signals.signums), signals.signums)
+    try:
+        yield signals
+    finally:
+        stop_leaving_signals()
+        stop_leaving_signals_to_workers()
+        signals.uninstall()

@@ -24,10 +24,8 @@ from lightning_resumable import ResumableDataCallback
 from lightning_resumable.readers import worker_signals
 from lightning_resumable.readers.worker_signals import (
     DeferredSignals,
-    leave_signals_to_this_process,
     stop_leaving_signals,
 )
-from lightning_resumable.readers.worker_starts import leave_signals_to_workers, stop_leaving_signals_to_workers
 
 from .helpers import Data, Model, scheduler_signals, trainer
 
@@ -86,20 +84,6 @@ def test_a_signal_arriving_during_an_agreement_is_kept_for_the_next(monkeypatch:
 
 
 # ------------------------------------------------------------------------ the processes a holder forks
-@pytest.fixture
-def holding() -> Iterator[DeferredSignals]:
-    """This process holds SIGTERM and SIGUSR1, as a rank does during a fit."""
-    signals = DeferredSignals([signal.SIGTERM, signal.SIGUSR1])
-    assert signals.install()
-    leave_signals_to_workers(leave_signals_to_this_process(signals.signums), signals.signums)
-    try:
-        yield signals
-    finally:
-        stop_leaving_signals()
-        stop_leaving_signals_to_workers()
-        signals.uninstall()
-
-
 _children: list[int] = []
 
 
