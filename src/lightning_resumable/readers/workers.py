@@ -23,7 +23,6 @@ wait for the native threads).
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import sys
 import weakref
 from collections.abc import Callable, Iterator
@@ -42,6 +41,7 @@ from lightning_resumable.internals._torch import (
     uses_worker_processes,
 )
 from lightning_resumable.readers.quiet_fork import FORK_DEADLOCK_FIXED_IN, affected_python, guarded_forks
+from lightning_resumable.readers.worker_starts import start_method
 
 __all__ = [
     "FORK_DEADLOCK_FIXED_IN",
@@ -111,11 +111,7 @@ def retire(iterator: object) -> None:
 
 def forks_workers(loader: DataLoader[Any]) -> bool:
     """Whether iterating ``loader`` forks worker processes (``num_workers > 0`` with the fork start method)."""
-    if loader.num_workers == 0:
-        return False
-    context = loader.multiprocessing_context
-    method = context.get_start_method() if context is not None else multiprocessing.get_start_method()
-    return method == "fork"
+    return loader.num_workers > 0 and start_method(loader) == "fork"
 
 
 def warn_once_on_affected_python(loader: DataLoader[Any]) -> None:
