@@ -366,13 +366,36 @@ def write_litdata(directory: Path, size: int, first: int = 0, chunk_size: int = 
 def litdata_stream(directory: Path) -> Any:
     """A LitData ``StreamingDataset`` over the chunks in ``directory``, shuffled, each sample augmented in
     ``__getitem__`` (LitData's documented way to transform), as a user's subclass does."""
-    from litdata import StreamingDataset
+    augmenting = augmenting_subclass("LitdataAugmented")
+    return augmenting(str(directory), shuffle=True, seed=7, drop_last=True)  # LitData's default on several processes
 
-    class Augmented(StreamingDataset):  # type: ignore[misc]  # litdata is untyped
-        def __getitem__(self, index: Any) -> Any:
-            return augmented(int(super().__getitem__(index)["id"]))
 
-    return Augmented(str(directory), shuffle=True, seed=7, drop_last=True)  # LitData's default on several processes
+def augmenting_subclass(name: str) -> Any:
+    """A user's subclass of a data library's ``StreamingDataset`` (``LitdataAugmented``, ``MosaicAugmented``), each
+    sample augmented in ``__getitem__`` (the libraries' documented way to transform). Made on first use (the
+    libraries are imported lazily) at this module's top level, where pickle finds it by its name (`__getattr__`)
+    in a loader worker that was not forked."""
+    made = globals().get(name)
+    if made is None:
+        if name == "MosaicAugmented":
+            base = import_streaming().StreamingDataset
+        else:
+            from litdata import StreamingDataset as base
+
+        def __getitem__(self: Any, index: Any) -> Any:
+            item = base.__getitem__(self, index)
+            return augmented(int(item["id"]) if isinstance(item, dict) else int(item[0]))  # a row, or a token block
+
+        made = type(name, (base,), {"__getitem__": __getitem__, "__module__": __name__, "__qualname__": name})
+        globals()[name] = made
+    return made
+
+
+def __getattr__(name: str) -> Any:
+    """A class `augmenting_subclass` makes, found by its name (unpickled in a worker started by spawn or forkserver)."""
+    if name in ("LitdataAugmented", "MosaicAugmented"):
+        return augmenting_subclass(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 SHARDED_DIR = "sharded"
@@ -419,21 +442,11 @@ def sharded_source(root: Path, name: str) -> Any:
     kind = SHARDED_SOURCES[name][1]
     directory = str(root / SHARDED_DIR / name)
     if kind == "mosaic":
-
-        class AugmentedShards(import_streaming().StreamingDataset):  # type: ignore[misc]  # streaming is untyped
-            def __getitem__(self, index: Any) -> Any:
-                return augmented(int(super().__getitem__(index)["id"]))
-
-        return AugmentedShards(local=directory, shuffle=False, batch_size=1)
-    from litdata import StreamingDataset, TokensLoader
-
-    class AugmentedChunks(StreamingDataset):  # type: ignore[misc]  # litdata is untyped
-        def __getitem__(self, index: Any) -> Any:
-            item = super().__getitem__(index)
-            return augmented(int(item[0]) if kind == "tokens" else int(item["id"]))
+        return augmenting_subclass("MosaicAugmented")(local=directory, shuffle=False, batch_size=1)
+    from litdata import TokensLoader
 
     loader = {"item_loader": TokensLoader(block_size=TOKEN_BLOCK)} if kind == "tokens" else {}
-    return AugmentedChunks(directory, shuffle=True, seed=7, **loader)
+    return augmenting_subclass("LitdataAugmented")(directory, shuffle=True, seed=7, **loader)
 
 
 def import_streaming() -> Any:
@@ -506,12 +519,8 @@ def write_mosaic(directory: Path, size: int, first: int = 0, per_shard: int = 6)
 def mosaic_stream(directory: Path, batch_size: int) -> Any:
     """A MosaicML Streaming ``StreamingDataset`` over the shards in ``directory``, shuffled, each sample
     augmented in ``__getitem__`` (Mosaic's documented way to transform), as a user's subclass does."""
-
-    class Augmented(import_streaming().StreamingDataset):  # type: ignore[misc]  # streaming is untyped
-        def __getitem__(self, index: Any) -> Any:
-            return augmented(int(super().__getitem__(index)["id"]))
-
-    return Augmented(local=str(directory), shuffle=True, shuffle_seed=7, batch_size=batch_size)
+    augmenting = augmenting_subclass("MosaicAugmented")
+    return augmenting(local=str(directory), shuffle=True, shuffle_seed=7, batch_size=batch_size)
 
 
 def hf_collate(rows: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
