@@ -2,9 +2,9 @@
 ``multiprocessing_context`` or set as the process default (`train.use_start_method`), keep every promise forked
 workers keep (issue 54): a stop and resume is exact (ids, augmentation, loss bits, validations) for a map-style
 loader, a mixture (with weights the training sets), a user's stream and a Hugging Face stream through its shuffle
-buffer; and a preemption as clusters deliver it (SIGTERM or SLURM's requeue signal to the whole process group: the
-first epoch, as a new epoch's workers start, in a validation with workers of its own, in the sanity check) ends
-every rank at one step and resumes exactly. The uninterrupted run each is compared with is the forked one (the
+buffer; and a preemption as clusters deliver it (SIGTERM or SLURM's requeue signal to the whole process group: as a
+new epoch's workers start, in a validation with workers of its own, in the sanity check) ends every rank at one
+step and resumes exactly. The uninterrupted run each is compared with is the forked one (the
 start method is not part of a run's data key): how workers start changes nothing they read.
 
 CI runs this module on the newest Python of the machine too (`.ci/newest-python`)."""
@@ -35,7 +35,6 @@ def test_a_stop_and_resume_with_workers_started_without_a_fork_is_exact(runner: 
 
 
 PREEMPTED = [
-    (Scenario(world_size=2, num_workers=2, epochs=2, start_method="default:forkserver"), Preemption(at=(0, 3))),
     (
         Scenario(world_size=2, num_workers=2, epochs=2, start_method="spawn"),
         Preemption(when="workers_start", at=(1, 0)),
@@ -48,11 +47,9 @@ PREEMPTED = [
         Scenario(world_size=2, num_workers=2, epochs=2, val_workers=2, start_method="default:spawn"),
         Preemption(when="sanity", at=(0, 0), sanity_steps=2),
     ),
-    (
-        Scenario(world_size=2, num_workers=2, data="mixture", epochs=2, start_method="default:forkserver"),
-        Preemption(when="step", at=(0, 2), launcher="lightning"),
-    ),
 ]
+"""(The process group signalled at a step or a batch's end, to a mixture, by Lightning's launcher: the matrices' seeds,
+`examples/preemption.py --start-method` in CI's newest-Python step.)"""
 
 
 @pytest.mark.parametrize(
