@@ -10,7 +10,7 @@ import signal
 
 from lightning_resumable.readers.worker_signals import LeftToHolder, map_record
 
-_VARIABLE = "LIGHTNING_RESUMABLE_SIGNAL_HOLDER"  # worker_starts.HOLDER_VARIABLE (not imported: it imports Lightning)
+_VARIABLE = "LIGHTNING_RESUMABLE_SIGNAL_HOLDER"  # = worker_starts.HOLDER_VARIABLE (imported by name: less)
 
 
 def _leave_signals_to_the_rank() -> None:
