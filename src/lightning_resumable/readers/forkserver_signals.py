@@ -10,7 +10,8 @@ import signal
 
 from lightning_resumable.readers.worker_signals import LeftToHolder, map_record
 
-_VARIABLE = "LIGHTNING_RESUMABLE_SIGNAL_HOLDER"  # = worker_starts.HOLDER_VARIABLE (imported by name: less)
+# worker_starts.HOLDER_VARIABLE, repeated: the server imports only what it needs.
+_VARIABLE = "LIGHTNING_RESUMABLE_SIGNAL_HOLDER"
 
 
 def _leave_signals_to_the_rank() -> None:
