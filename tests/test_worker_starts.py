@@ -22,7 +22,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_resumable import ResumableDataCallback, ResumableDataModule
 from lightning_resumable.errors import UnsupportedLoaderError
-from lightning_resumable.internals._multiprocessing import forkserver_pid, forkserver_preload, start_forkserver
+from lightning_resumable.internals._multiprocessing import (
+    ensure_resource_tracker,
+    forkserver_pid,
+    forkserver_preload,
+    protect_resource_tracker,
+    start_forkserver,
+)
 from lightning_resumable.readers.worker_signals import (
     DeferredSignals,
     stop_leaving_signals,
@@ -91,6 +97,16 @@ def test_multiprocessings_private_names_the_library_reads() -> None:
     pid = start_forkserver()
     assert forkserver_pid() == pid and running(pid)
     assert multiprocessing.get_context("forkserver").get_start_method() == "forkserver"
+    from multiprocessing import resource_tracker
+
+    stop = protect_resource_tracker([signal.SIGTERM, signal.SIGUSR1])  # on the tracker instance, then undone
+    try:
+        assert "ensure_running" in vars(resource_tracker._resource_tracker)
+        ensure_resource_tracker()
+        assert resource_tracker.getfd() is not None  # getfd goes through ensure_running
+    finally:
+        stop()
+    assert "ensure_running" not in vars(resource_tracker._resource_tracker)
 
 
 class Features(TensorDataset):
@@ -191,8 +207,14 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("after_s", [0.3, 1.5, 2.9])
-@pytest.mark.parametrize("method", ["forkserver", "spawn", "default:forkserver", "default:spawn"])
+@pytest.mark.parametrize(
+    ("method", "after_s"),
+    [
+        *((method, after_s) for method in ("forkserver", "spawn") for after_s in (0.3, 1.5, 2.9)),
+        ("default:forkserver", 1.5),  # (the same mechanism as given to the loader: one moment each, CI's time)
+        ("default:spawn", 1.5),
+    ],
+)
 def test_a_process_groups_sigterm_while_workers_not_forked_start_serve_or_exit_ends_none_of_them(
     tmp_path: Path, method: str, after_s: float
 ) -> None:
@@ -212,3 +234,58 @@ def test_a_process_groups_sigterm_while_workers_not_forked_start_serve_or_exit_e
     )
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout.strip().splitlines()[-1] == "batches 32 received [15]"
+
+
+TRACKER_KILLED = """
+import multiprocessing, os, signal, subprocess, sys, time
+from multiprocessing import resource_tracker
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from lightning_resumable.readers.worker_signals import DeferredSignals, leave_signals_to_this_process
+from lightning_resumable.readers.worker_starts import leave_signals_to_workers
+
+pickled = 0
+
+
+class RequeuedWhileSpawning(TensorDataset):
+    def __getstate__(self):
+        # Pickled in the rank for each worker it spawns: SLURM's requeue signal reaches the job as the first worker
+        # is launched, the requeue's SIGTERM as the second one is (both still importing when it lands).
+        global pickled
+        pickled += 1
+        if pickled == 1:
+            os.killpg(os.getpgrp(), signal.SIGUSR1)
+        if pickled == 2:
+            kill = f"import os, signal, time; time.sleep(0.5); os.killpg({os.getpgrp()}, signal.SIGTERM)"
+            subprocess.Popen([sys.executable, "-c", kill], start_new_session=True)
+        return self.__dict__
+
+
+if __name__ == "__main__":
+    tracker = sys.argv[1]
+    signals = DeferredSignals([signal.SIGTERM, signal.SIGUSR1])
+    signals.install()
+    if tracker == "before the hold":
+        resource_tracker.ensure_running()  # as a loader iterated before the fit starts it
+    leave_signals_to_workers(leave_signals_to_this_process(signals.signums), signals.signums)
+    loader = DataLoader(RequeuedWhileSpawning(torch.arange(8)), batch_size=2, num_workers=2,
+                        multiprocessing_context="spawn")
+    batches = sum(1 for _ in loader)
+    time.sleep(0.5)
+    print("batches", batches, "received", sorted(signals.received), flush=True)
+"""
+
+
+@pytest.mark.parametrize("tracker", ["before the hold", "by the first worker"])
+def test_a_requeue_signal_to_the_group_while_workers_spawn_ends_none_of_them(tmp_path: Path, tracker: str) -> None:
+    """SLURM's requeue signal (SIGUSR1) to the whole job killed multiprocessing's resource tracker, which ignores
+    only SIGINT and SIGTERM; the next worker's launch started another, and CPython unblocks SIGTERM after starting
+    it: the rank's block of the held signals ended there, and the requeue's SIGTERM killed the worker still
+    starting (preemption seed 157: the rank failed, and a worker left running hung its exit)."""
+    script = tmp_path / "tracker_killed.py"
+    script.write_text(TRACKER_KILLED)
+    ran = subprocess.run(
+        [sys.executable, str(script), tracker], capture_output=True, text=True, timeout=120, start_new_session=True
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.strip().splitlines()[-1] == "batches 4 received [10, 15]"

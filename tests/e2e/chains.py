@@ -41,7 +41,8 @@ chains add little and CI's time is bounded (25-30 minutes on 2 cores)."""
 CASE_SEEDS = (19, 22, 917980412, 12, 73)
 """Cases CI runs besides `CI_SEEDS`: 19 resumes on another world size; 22 limits an epoch's batches
 (``limit_train_batches``); 12 and 73 start the workers by forkserver given to the loaders and by spawn as the
-process default (issue 54; the `CI_SEEDS` cases draw fork or forkserver as the default).
+process default (issue 54; of the `CI_SEEDS` cases, 8 draws forkserver as the default, the others fork:
+`matrix.FORK_IN_CI`).
 (CI seed 2, drawn anew with a shuffled validation loader on one process, found that a
 resume seeded the generators of the validation it runs first otherwise than the step before had left them: they
 are now seeded at each step's end, and a resume seeds them as the step it follows ended.) 917980412: found by the

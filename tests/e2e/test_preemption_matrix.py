@@ -31,9 +31,10 @@ PREEMPTION_SEEDS = (0, 4, 7, 13, 14, 22, 27, 46, 49, 61, 66, 88, 97, 102, 148, 3
 workers and of processes the draw has (`test_the_seeds_cover_every_signal_target_and_moment`), with the group
 signal in the first epoch after a resume (368), to a stream (97), under FSDP2 (88), inside an accumulation window
 (49), on one process with workers (22), in a validation with the validation loader's workers (27) and the requeue
-signal to the group in a step (148); workers started by forkserver given to the loaders (27, 66), by forkserver as
-the process default (7, 22, 49, 97, 102, 148) and by spawn as the default (157: the requeue signal to the group, a
-stream; issue 54). The table of docs/guarantees.md#preemption lists them."""
+signal to the group in a step (148); workers started by forkserver given to the loaders (27), by forkserver as
+the process default (7) and by spawn as the default (157: the requeue signal to the group, a stream, which found
+the resource tracker killed by that signal; issue 54), the others by fork (`matrix.FORK_IN_CI`). The table of
+docs/guarantees.md#preemption lists them."""
 WEB_DATASET_PREEMPTION_SEEDS = (21, 174, 257, 326)
 """Drawn preemptions of a WebDataset pipeline (issue 46; CI's extras step): SLURM's requeue signal to rank 1 at a
 step, 0 workers; SIGTERM to every rank as the next epoch's 2 workers start; SIGTERM to the group at the epoch's

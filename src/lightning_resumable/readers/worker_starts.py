@@ -12,7 +12,9 @@ the loop starts. Until it runs, the start method decides:
 - fork: the at-fork hook has already done it.
 - spawn: the rank starts the worker with the held signals blocked (a signal mask is inherited through the
   new interpreter's ``exec``), so one sent meanwhile waits and reaches the worker's handler once it is set.
-  CPython starts its resource tracker the same way, and then unblocks SIGTERM: the tracker is started first.
+  CPython starts its resource tracker the same way, and then unblocks SIGTERM: the tracker is started first,
+  and, while the rank holds, any tracker started again (SLURM's requeue signal killed the one running) keeps the
+  rank's mask and ignores the held signals (`internals._multiprocessing.protect_resource_tracker`).
 - once its loop has ended, a worker that was not forked goes through the interpreter's finalization, which
   puts the default handlers back: the held signals are blocked from then on (a forked worker ends at once).
 - forkserver: the server (which the group's signal would end too, and with it every later worker start)
@@ -30,7 +32,6 @@ import multiprocessing
 import os
 import signal
 from collections.abc import Callable, Iterator
-from multiprocessing import resource_tracker
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -39,8 +40,10 @@ from torch.utils.data import DataLoader
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.internals._multiprocessing import (
     abandon_forkserver,
+    ensure_resource_tracker,
     forkserver_pid,
     forkserver_preload,
+    protect_resource_tracker,
     start_forkserver,
 )
 from lightning_resumable.internals._torch import guard_worker_starts, replace_worker_loops
@@ -142,7 +145,7 @@ def leave_signals_to_workers(record: str, signums: tuple[int, ...]) -> None:
         if method == "forkserver":
             _ensure_forkserver(holder, signums)
         if method == "spawn":  # started first: as it starts its tracker, multiprocessing unblocks SIGTERM
-            resource_tracker.ensure_running()
+            ensure_resource_tracker()
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signums) if method == "spawn" else None
         try:
             yield
@@ -150,6 +153,7 @@ def leave_signals_to_workers(record: str, signums: tuple[int, ...]) -> None:
             if blocked is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
+    _stop.append(protect_resource_tracker(signums))
     _stop.append(replace_worker_loops(lambda loop: LeavingWorkerLoop(loop, record, signums)))
     _stop.append(guard_worker_starts(starting_workers))
 
@@ -173,7 +177,7 @@ def _ensure_forkserver(holder: str, signums: tuple[int, ...]) -> None:
         multiprocessing.set_forkserver_preload([*modules, FORKSERVER_MODULE])
     previous = os.environ.get(HOLDER_VARIABLE)
     os.environ[HOLDER_VARIABLE] = holder
-    resource_tracker.ensure_running()  # (the forkserver's start starts it, and then unblocks SIGTERM)
+    ensure_resource_tracker()  # (the forkserver's start starts it, and then unblocks SIGTERM)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
     try:
         _forkserver = (start_forkserver(), holder)
