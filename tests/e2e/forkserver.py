@@ -33,8 +33,9 @@ from typing import Any
 import train  # (torch, Lightning, the library: imported once, here)
 from processes import dump_stacks_on_signal, free_port
 
-with contextlib.suppress(ImportError):  # the ``hf`` scenarios' data
-    import datasets  # noqa: F401
+if __name__ == "__main__":  # (not in a worker started by spawn, which runs this module as ``__mp_main__``)
+    with contextlib.suppress(ImportError):  # the ``hf`` scenarios' data
+        import datasets  # noqa: F401
 
 
 RANKS_GRACE_S = 30.0

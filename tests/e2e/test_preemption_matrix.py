@@ -26,14 +26,15 @@ from .harness import Runner
 from .matrix import draw_library_preemption, draw_preemption, library_data_written, seeds
 from .preemption import PREEMPTION_WHENS, Preemption, run_preemption
 
-PREEMPTION_SEEDS = (0, 4, 7, 13, 14, 22, 27, 46, 49, 61, 66, 88, 97, 102, 148, 368, 157)
+PREEMPTION_SEEDS = (0, 4, 7, 13, 14, 22, 27, 46, 49, 61, 66, 88, 97, 102, 148, 368, 321, 753)
 """The seeds CI runs: a cover of every signal, target, moment, second signal, launcher, kind of data, number of
 workers and of processes the draw has (`test_the_seeds_cover_every_signal_target_and_moment`), with the group
 signal in the first epoch after a resume (368), to a stream (97), under FSDP2 (88), inside an accumulation window
 (49), on one process with workers (22), in a validation with the validation loader's workers (27) and the requeue
-signal to the group in a step (148); workers started by forkserver given to the loaders (27), by forkserver as
-the process default (7) and by spawn as the default (157: the requeue signal to the group, a stream, which found
-the resource tracker killed by that signal; issue 54), the others by fork (`matrix.FORK_IN_CI`). The table of
+signal to the group in a step (148); workers started by forkserver given to the loaders (753), by forkserver as
+the process default (7) and by spawn as the default (321: a Hugging Face stream; issue 54), the others by fork
+(`matrix.FORK_IN_CI`). (157, spawn as the default and the requeue signal to the group, found the resource tracker
+killed by that signal: `tests/test_worker_starts.py` reproduces it in seconds.) The table of
 docs/guarantees.md#preemption lists them."""
 WEB_DATASET_PREEMPTION_SEEDS = (21, 174, 257, 326)
 """Drawn preemptions of a WebDataset pipeline (issue 46; CI's extras step): SLURM's requeue signal to rank 1 at a

@@ -44,7 +44,10 @@ PREEMPTED = [
         Preemption(signal="USR1", when="validation", at=(0, 1)),
     ),
     (
-        Scenario(world_size=2, num_workers=2, epochs=2, val_workers=2, start_method="default:spawn"),
+        # (Validated at each epoch's end: every validation spawns its loader's workers anew, seconds each.)
+        Scenario(
+            world_size=2, num_workers=2, epochs=2, val_workers=2, start_method="default:spawn", val_check_interval=1.0
+        ),
         Preemption(when="sanity", at=(0, 0), sanity_steps=2),
     ),
 ]
