@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lightning.pytorch import seed_everything
 
 from lightning_resumable.errors import UnsupportedLoaderError, WorldSizeChangedError
 from lightning_resumable.format.envelope import StreamState
@@ -91,6 +92,25 @@ def test_a_seeded_dataset_pickles_for_a_spawned_worker_as_the_users_class_seeded
     copied = pickle.loads(pickle.dumps(dataset))
     assert type(copied).__mro__[1] is litdata.StreamingDataset  # the user's class, seeded again:
     assert {"__getitem__", "__reduce__"} <= set(vars(type(copied)))
+
+
+def test_a_chunk_source_read_in_the_rank_pickles_for_a_worker_not_forked_and_reads_the_same(chunks: Path) -> None:
+    # (A mixture's LitData source read in the rank holds its chunks in a wrapper of LitData's cache, pickled with the
+    # dataset for the next epoch's forkserver or spawn workers: its attribute lookup recursed while unpickling.)
+    import pickle
+
+    from lightning_resumable.readers.litdata import mixture_source
+
+    source = mixture_source(train.litdata_stream(chunks), window=2)
+    def sample(dataset: Any, index: int) -> list[Any]:  # an id and its tensor, augmented by the same draws
+        seed_everything(index, verbose=False)
+        return [part.tolist() if hasattr(part, "tolist") else part for part in dataset[index]]
+
+    read_in_the_rank = [sample(source, index) for index in (0, 17, 40)]
+    copied = pickle.loads(pickle.dumps(source))
+    assert [sample(copied, index) for index in (0, 17, 40)] == read_in_the_rank
+    every = range(len(source))
+    assert [sample(copied, index) for index in every] == [sample(source, index) for index in every]
 
 
 def test_a_combined_dataset_is_resumed_without_workers_and_refused_with_them(chunks: Path) -> None:

@@ -40,10 +40,12 @@ WEB_DATASET_PREEMPTION_SEEDS = (21, 174, 257, 326)
 """Drawn preemptions of a WebDataset pipeline (issue 46; CI's extras step): SLURM's requeue signal to rank 1 at a
 step, 0 workers; SIGTERM to every rank as the next epoch's 2 workers start; SIGTERM to the group at the epoch's
 last batch, after a first resume, 2 workers (found the epoch-end defect); SIGTERM to the group in a validation."""
-LIBRARY_PREEMPTION_SEEDS = (0, 2, 4, 9, 11, 13, 14, 25, 33, 40, 47, 200)
+LIBRARY_PREEMPTION_SEEDS = (0, 2, 4, 7, 9, 11, 13, 14, 25, 33, 40, 47, 200)
 """LitData's and Mosaic's loaders, in CI's extras step: a cover of what `draw_library_preemption` draws, with the
 group signal to a chunked mixture (LitData's and Mosaic's datasets in a ``Mixture``, 2 workers) in the first epoch
-after a resume (25), to LitData's loader in the epoch a resume started (200) and to Mosaic's loader (4)."""
+after a resume (25), to LitData's loader in the epoch a resume started (200) and to Mosaic's loader (4). (7, a
+chunked mixture whose workers the forkserver starts, found a LitData source read in the rank unpicklable for the
+next epoch's workers: `tests/test_litdata_internals.py` reproduces it.)"""
 
 
 def _judged(runner: Runner, seed: int, drawn: tuple[object, Preemption], rerun: str) -> None:

@@ -190,6 +190,8 @@ class _HeldChunks:
         self._cache, self._held, self._open = cache, held, collections.OrderedDict[int, None]()
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_cache":  # not set yet (unpickling, in a worker not forked): don't recurse
+            raise AttributeError(name)
         return getattr(self._cache, name)
 
     def __getitem__(self, index: Any) -> Any:
