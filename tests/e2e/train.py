@@ -1279,10 +1279,11 @@ def use_start_method(method: str) -> None:
         # Before Python 3.14 the forkserver never preloads ``__main__`` (CPython gh-126631): each worker it forks
         # runs the main module again, torch and Lightning with it (seconds). A user's script names its heavy modules
         # in the preload list, as this does (this module, or what it imports when it is the main one).
-        # (Python 3.11's server does not take the rank's sys.path either, gh-117378: it finds this module by PYTHONPATH.)
+        # (Python 3.11's server does not take the rank's sys.path either, gh-117378: it finds this one by PYTHONPATH.)
         heavy = [__name__] if __name__ != "__main__" else ["torch", "lightning", "lightning_resumable"]
         multiprocessing.set_forkserver_preload(["__main__", *heavy])
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+        paths = [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+        os.environ["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
     if method.startswith("default:"):
         multiprocessing.set_start_method(method.removeprefix("default:"), force=True)
     elif method != "fork":
