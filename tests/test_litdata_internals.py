@@ -102,6 +102,7 @@ def test_a_chunk_source_read_in_the_rank_pickles_for_a_worker_not_forked_and_rea
     from lightning_resumable.readers.litdata import mixture_source
 
     source = mixture_source(train.litdata_stream(chunks), window=2)
+
     def sample(dataset: Any, index: int) -> list[Any]:  # an id and its tensor, augmented by the same draws
         seed_everything(index, verbose=False)
         return [part.tolist() if hasattr(part, "tolist") else part for part in dataset[index]]
