@@ -163,7 +163,7 @@ FORK_IN_CI = frozenset({
 """CI seeds chosen for another axis before the start method was drawn, kept on fork: a run whose workers are not
 forked costs 3 to 10 times a forked one (spawn: every worker imports torch and Lightning; forkserver: each rank's
 server does), and CI's time is bounded. Each start method has CI seeds of its own, that draw it: workflow cases 8
-and 73, chains 8 and 1390, preemptions 7, 321 and 753, the data libraries' 2 and 200, WebDataset chains 54 and 265,
+and 73, chains 8 and 1390, preemptions 7, 321 and 753, the data libraries' 2, 7 and 200, WebDataset chains 54 and 265,
 its preemption 257 (and `tests/e2e/test_start_methods.py` in the newest-Python step). (Those in this set were run
 with their drawn method in issue 54's sessions and passed; a soak draws fresh seeds, which this set does not touch.)"""
 
