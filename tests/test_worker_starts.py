@@ -289,3 +289,52 @@ def test_a_requeue_signal_to_the_group_while_workers_spawn_ends_none_of_them(tmp
     )
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert ran.stdout.strip().splitlines()[-1] == "batches 4 received [10, 15]"
+
+
+SIGNALLED_AS_FORKED = """
+import os, signal
+
+def _signalled_as_forked():  # the job's signals land in a process the server has just forked, before its own hook
+    signal.raise_signal(signal.SIGTERM)  # (delivered and handled before this returns)
+    signal.raise_signal(signal.SIGUSR1)
+
+os.register_at_fork(after_in_child=_signalled_as_forked)
+"""
+
+FORKED_BY_THE_SERVER = """
+import multiprocessing, signal, sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from lightning_resumable.readers.worker_signals import DeferredSignals, leave_signals_to_this_process
+from lightning_resumable.readers.worker_starts import leave_signals_to_workers
+
+if __name__ == "__main__":
+    multiprocessing.set_forkserver_preload(["signalled_as_forked"])  # a user's module: its hook runs first
+    signals = DeferredSignals([signal.SIGTERM, signal.SIGUSR1])
+    signals.install()
+    leave_signals_to_workers(leave_signals_to_this_process(signals.signums), signals.signums)
+    loader = DataLoader(TensorDataset(torch.arange(8)), batch_size=2, num_workers=2,
+                        multiprocessing_context="forkserver")
+    print("batches", sum(1 for _ in loader), "received", sorted(signals.received), flush=True)
+"""
+
+
+def test_a_signal_that_reaches_a_worker_the_forkserver_has_just_forked_ends_none_of_them(tmp_path: Path) -> None:
+    """Between the server's fork and the child's at-fork hook, the child has the server's handler, which leaves the
+    signal to the rank only in a process whose parent is the rank: the worker killed itself there (preemption seed
+    370759702, SIGTERM to the group as the first worker of an epoch started: its rank failed with "DataLoader worker
+    exited unexpectedly", and the other one, never told, hung in its next all-reduce)."""
+    (tmp_path / "signalled_as_forked.py").write_text(SIGNALLED_AS_FORKED)
+    script = tmp_path / "forked_by_the_server.py"
+    script.write_text(FORKED_BY_THE_SERVER)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    ran = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+        env=environment,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert ran.stdout.strip().splitlines()[-1] == "batches 4 received []"

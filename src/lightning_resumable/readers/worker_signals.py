@@ -172,12 +172,15 @@ class LeftToHolder:
     by the signal there failed the rank with "DataLoader worker ... is killed by signal").
 
     ``parent``: the process whose life the holder's is (the holder, or the forkserver that forked this one,
-    which ends with the holder)."""
+    which ends with the holder). A process forked from this one has this handler until its own at-fork hook sets
+    another (a forkserver's worker, the first instant after the server's fork): it leaves the signals while this
+    one, its parent, lives, as its hook's handler will."""
 
     def __init__(self, holding: mmap.mmap, parent: int, signums: tuple[int, ...]) -> None:
         self.holding = holding
         self.parent = parent
         self.signums = signums
+        self.set_in = os.getpid()
         self.loader_done: Any = None  # a torch worker's ``done_event``, once its loop started
 
     def install(self) -> None:
@@ -192,7 +195,8 @@ class LeftToHolder:
             signal.signal(signal.SIGTERM, self)
 
     def leaves(self) -> bool:
-        return bool(self.holding[0]) and os.getppid() == self.parent
+        parent = self.parent if os.getpid() == self.set_in else self.set_in
+        return bool(self.holding[0]) and os.getppid() == parent
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if self.loader_done is not None and is_set_without_locking(self.loader_done):
