@@ -434,3 +434,28 @@ def test_a_plain_loop_that_saves_at_the_epochs_last_sample_trains_nothing_twice(
             restored.load_state_dict(state)
             restored.set_epoch(1)  # the loop's epoch (ours is in the state too: state["epoch"] == 1)
             assert list(restored) == [], f"{make.__name__} rank {rank}: the epoch's rest is empty"
+
+
+@pytest.mark.parametrize("new_batch_size", [6, 3, 1])
+def test_a_state_restored_with_another_batch_size_reads_the_rest_of_the_epoch_from_its_global_position(
+    new_batch_size: int,
+) -> None:
+    """Where the owner allows it (a single map-style loader): the same global stream, split as before across the
+    ranks, in batches of the new size; the trainer's count goes on from the saved one."""
+    saving = [ResumableSampler(range(40), num_replicas=2, rank=rank, seed=3, batch_size=4) for rank in (0, 1)]
+    order = [index for pair in zip(*(list(sampler) for sampler in saving), strict=True) for index in pair]
+    state = saving[0].data_state(batches=3)  # 3 batches of 4 on 2 ranks: global position 24
+    assert state.position == 24
+    resumed = [
+        ResumableSampler(range(40), num_replicas=2, rank=rank, seed=0, batch_size=new_batch_size) for rank in (0, 1)
+    ]
+    for sampler in resumed:
+        sampler.restore(state, batch_size_may_change=True)
+    rest = [list(sampler) for sampler in resumed]
+    assert [index for pair in zip(*rest, strict=True) for index in pair] == order[24:]
+    assert len(resumed[0]) == 3 * new_batch_size + 8  # the 3 batches before, in the new units, and 8 samples left
+    after_one = resumed[0].data_state(batches=4)
+    assert (after_one.position, after_one.batch_size) == (24 + 2 * new_batch_size, new_batch_size)
+    assert (after_one.anchor_position, after_one.anchor_batches) == (24, 3)
+    with pytest.raises(IncompatibleStateError, match=f"batch_size: checkpoint 4, now {new_batch_size}"):
+        ResumableSampler(range(40), num_replicas=2, rank=0, batch_size=new_batch_size).load_state_dict(state.to_dict())

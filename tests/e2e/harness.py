@@ -111,6 +111,8 @@ class Scenario:
     data: str = "map"
     mode: str = "max_size_cycle"
     resume_num_workers: int | None = None
+    resume_batch_size: int | None = None
+    """The resume's batch size per process (``None``: the same)."""
     stop_batch_override: int | None = None
     accumulate: int = 1
     evaluate_before_resume: bool = False
@@ -179,6 +181,7 @@ class Scenario:
             estimated_stepping_batches=False,  # changes when loaders are built, not what they yield
             resume_world_size=None,
             resume_num_workers=None,
+            resume_batch_size=None,
             stop_batch_override=None,
             relist_on_resume=False,
             persistent_workers=persistent,
@@ -197,6 +200,7 @@ class Scenario:
             self,
             resume_world_size=None,
             resume_num_workers=None,
+            resume_batch_size=None,
             relist_on_resume=False,
             evaluate_before_resume=False,
             evaluate_after_fit=False,
@@ -233,6 +237,8 @@ class Scenario:
             parts.append(SETUPS[self.data].label(self))
         if self.resume_num_workers is not None:
             parts.append(f"resume-workers{self.resume_num_workers}")
+        if self.resume_batch_size is not None:
+            parts.append(f"resume-batch{self.resume_batch_size}")
         if self.stop_batch_override is not None:
             parts.append(f"stop{self.stop_batch_override}")
         if self.accumulate != 1:
@@ -260,9 +266,9 @@ class Scenario:
 _NAMED_IN_LABEL = {
     "world_size", "resume_world_size", "num_workers", "loader", "shuffle", "drop_last", "stop_kind",
     "persistent_workers", "estimated_stepping_batches", "callback_options", "relist_on_resume", "curriculum",
-    "sampler", "data", "resume_num_workers", "stop_batch_override", "accumulate", "evaluate_before_resume",
-    "evaluate_after_fit", "resume_drop_last", "resumable", "mixture_sources", "mixture_weights",
-    "resume_mixture_sources", "resume_mixture_weights",
+    "sampler", "data", "resume_num_workers", "resume_batch_size", "stop_batch_override", "accumulate",
+    "evaluate_before_resume", "evaluate_after_fit", "resume_drop_last", "resumable", "mixture_sources",
+    "mixture_weights", "resume_mixture_sources", "resume_mixture_weights",
 }  # fmt: skip
 """The fields `Scenario.label` spells out in its own words (``mode`` only for ``combined`` data)."""
 
@@ -277,6 +283,8 @@ def _config(scenario: Scenario, phase: str, run_dir: Path, checkpoint: Path, wor
         first_world_size=scenario.world_size,  # the world size before a resume on another one
         stop={"kind": scenario.stop_kind, "epoch": scenario.stop_epoch, "batch": scenario.stop_batch, "val_batch": 1},
     )
+    if phase.startswith("resume") and scenario.resume_batch_size is not None:
+        config["batch_size"] = scenario.resume_batch_size
     return config
 
 

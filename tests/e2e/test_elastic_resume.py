@@ -1,4 +1,4 @@
-"""End to end: a 2-process run stopped mid-epoch resumes on 3 processes and on 1.
+"""End to end: a 2-process run stopped mid-epoch resumes on 3 processes and on 1, and with another batch size.
 
 The interrupted epoch, before and after the stop, trains every sample once (plus the documented
 DistributedSampler-style padding of the remainder on the new world size), each with the augmentation
@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from .harness import Runner, Scenario, augmentation_by_id, data_after_epoch, ids_in_epoch
+from .harness import Records, Runner, Scenario, augmentation_by_id, data_after_epoch, ids_in_epoch
 
 STOPPED_ON_TWO = Scenario(world_size=2, stop_kind="batch_end")
 
@@ -70,3 +70,42 @@ def test_a_bucketing_sampler_resumed_on_one_process_trains_each_sample_of_the_ep
     after = ids_in_epoch(runner.resumed(scenario), epoch)
     assert before and after
     assert sorted(before + after) == list(range(scenario.dataset_size))
+
+
+def global_order(records: Records, epoch: int) -> list[int]:
+    """The epoch's samples in their global order: step after step, and in a step as ``DistributedSampler`` deals
+    global positions (its ranks' i-th samples, rank after rank)."""
+    steps: dict[int, list[list[int]]] = {}
+    for rank in sorted(records):
+        for record in records[rank]:
+            if record["epoch"] == epoch:
+                steps.setdefault(record["batch"], []).append(record["ids"])
+    order = []
+    for step in sorted(steps):
+        order += [ids[i] for i in range(max(map(len, steps[step]))) for ids in steps[step] if i < len(ids)]
+    return order
+
+
+@pytest.mark.parametrize("new_batch_size", [6, 2])
+def test_a_resume_with_another_batch_size_goes_on_from_the_same_global_position(
+    runner: Runner, new_batch_size: int
+) -> None:
+    """A batch-size ramp (4 -> 6) or a smaller batch that fits another GPU (4 -> 2): the interrupted epoch's
+    samples are the uninterrupted run's, in its global order, from the position the checkpoint holds, each
+    with its augmentation; Lightning counts the epoch's batches on from the checkpoint's; the next epochs are
+    an uninterrupted run's with the new batch size."""
+    scenario = replace(STOPPED_ON_TWO, resume_batch_size=new_batch_size)
+    epoch, stop = scenario.stop_epoch, scenario.stop_batch
+    stopped, resumed = runner.stopped(scenario), runner.resumed(scenario)
+    assert global_order(stopped, epoch) + global_order(resumed, epoch) == global_order(runner.full(scenario), epoch)
+    uninterrupted = augmentation_by_id(runner.full(scenario), epoch=epoch)
+    assert augmentation_by_id(stopped, resumed, epoch=epoch) == uninterrupted
+
+    per_rank = math.ceil((scenario.dataset_size - (stop + 1) * scenario.batch_size * 2) / 2)
+    expected_batches = list(range(stop + 1, stop + 1 + math.ceil(per_rank / new_batch_size)))
+    for rank, records in resumed.items():
+        assert [r["batch"] for r in records if r["epoch"] == epoch] == expected_batches, f"rank {rank}"
+        assert all(len(r["ids"]) <= new_batch_size for r in records)
+
+    fresh = runner.full(replace(scenario, batch_size=new_batch_size, resume_batch_size=None))
+    assert data_after_epoch(resumed, epoch) == data_after_epoch(fresh, epoch)

@@ -132,9 +132,10 @@ class MixtureSampler(ResumableSampler):
             start = epoch * whole_batches(self.draws.length, self.global_batch)
         self._epoch_origin = (epoch, start)
 
-    def restore(self, saved: DataState) -> None:
+    def restore(self, saved: DataState, batch_size_may_change: bool = False) -> None:
         """After `start_at` (the owner's), which sets the saved epoch: an epoch's end is saved as the next
-        epoch's start, so the base class's "the loop has begun the next epoch" case never arises here."""
+        epoch's start, so the base class's "the loop has begun the next epoch" case never arises here. Another
+        batch size is refused (not yet shown exact for a mixture's epochs of whole global batches)."""
         start = self.epoch_start(saved.epoch)
         super().restore(saved)
         self._epoch_origin = (saved.epoch, start)

@@ -308,14 +308,17 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         """
         self.restore(DataState.from_dict(state))
 
-    def restore(self, saved: DataState) -> None:
-        """`load_state_dict` of a parsed state (an `IncompatibleStateError` if its setup differs)."""
-        saved.check_same_data(self._state(0, 0, (None, None), None))  # the setup (a length may cost a pass)
+    def restore(self, saved: DataState, batch_size_may_change: bool = False) -> None:
+        """`load_state_dict` of a parsed state (an `IncompatibleStateError` if its setup differs); with
+        ``batch_size_may_change``, a state written with another batch size too: the epoch goes on from its
+        global position in this sampler's batches, as on another world size."""
+        current = self._state(0, 0, (None, None), None)  # the setup (a length may cost a pass)
+        saved.check_same_data(current, batch_size_may_change)
         epoch_set = self.epoch
         self.seed = saved.seed
         self.epoch, self.cycle, self._pass_complete, self._handed_out = saved.epoch, saved.cycle, False, HandedOut()
         self._origin_position, self._origin_batches = saved.position, saved.batches
-        resized = saved.world_size != self.num_replicas
+        resized = (saved.world_size, saved.batch_size) != (self.num_replicas, self.batch_size)
         self._anchor = (saved.position, saved.batches) if resized else (saved.anchor_position, saved.anchor_batches)
         self._origin_is_restored, self._restored_pass = True, None
         if self._next_epoch_starts(epoch_set):

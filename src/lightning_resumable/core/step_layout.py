@@ -4,8 +4,8 @@ Promise: `epoch_batches` is the number of batches Lightning's loop trains in an 
 loader, cut by ``limit_train_batches``), `sampler_layout` the `Layout` of the steps from the sampler's
 origin on (``accumulate_grad_batches`` batches a step, a short last window at an epoch's end), which the
 skip planner (`lightning_resumable.core.skips`) and ``batches`` (`lightning_resumable.tools.step_batches`) read.
-Given ``numbered_by``, the state a checkpoint was written with on another world size, the layout is the
-steps as that run numbered them (its ranks' batches), read from the same origin: a skip named in those steps
+Given ``numbered_by``, the state a checkpoint was written with on another world size or batch size, the layout is
+the steps as that run numbered them (its ranks' batches), read from the same origin: a skip named in those steps
 is placed where they lay.
 """
 
@@ -26,19 +26,20 @@ def epoch_batches(
     ``limit_train_batches``); the current epoch's from its start, batches before a restore included. With
     ``numbered_by``: as the run that wrote that state on its world size counted them."""
     ranks = sampler.num_replicas if numbered_by is None else numbered_by.world_size
-    global_batch = sampler.batch_size * ranks
+    batch_size = sampler.batch_size if numbered_by is None else numbered_by.batch_size
+    global_batch = batch_size * ranks
     if epoch == sampler.epoch and numbered_by is None:
         samples = len(sampler)
-    elif epoch == sampler.epoch and numbered_by is not None:  # the restored epoch's rest, on the size that wrote it
+    elif epoch == sampler.epoch and numbered_by is not None:  # the restored epoch's rest, on the layout that wrote it
         _, position, batches = sampler.origin
         rest = max(0, _current_length(sampler, numbered_by) - position)
-        samples = batches * sampler.batch_size + (rest // ranks if sampler.drop_last else -(-rest // ranks))
+        samples = batches * batch_size + (rest // ranks if sampler.drop_last else -(-rest // ranks))
     elif isinstance(sampler, MixtureSampler):  # whole global batches of the nominal length
         samples = whole_batches(sampler.draws.length, global_batch) // ranks
     else:
         length = sampler.epoch_length(epoch)
         samples = length // ranks if sampler.drop_last else -(-length // ranks)
-    batches = samples // sampler.batch_size if sampler.drop_last_batch else -(-samples // sampler.batch_size)
+    batches = samples // batch_size if sampler.drop_last_batch else -(-samples // batch_size)
     if isinstance(limit, int) and not isinstance(limit, bool):
         return min(batches, limit)
     return int(batches * limit) if isinstance(limit, float) and limit < 1.0 else batches
@@ -63,7 +64,7 @@ def sampler_layout(
     ``numbered_by`` (a state written on another world size), as the run that wrote it numbered them."""
     epoch, position, batches = sampler.origin
     ranks = sampler.num_replicas if numbered_by is None else numbered_by.world_size
-    global_batch = sampler.batch_size * ranks
+    global_batch = (sampler.batch_size if numbered_by is None else numbered_by.batch_size) * ranks
 
     mixture = isinstance(sampler, MixtureSampler)  # one stream: a position counts from the run's start
 

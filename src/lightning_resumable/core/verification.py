@@ -96,6 +96,7 @@ def next_batch_keys(sampler: ResumableSampler, state: DataState, rank: int, worl
     ``sampler`` draws (a copy is restored; ``sampler`` itself is left as it is)."""
     peek = copy.copy(sampler)
     peek.num_replicas, peek.rank, peek.sample_keys = world_size, rank, True
+    peek.batch_size = state.batch_size  # the batch of the run that wrote it (the resume may read others)
     peek.restore(state)
     return list(itertools.islice(iter(peek), state.batch_size))
 

@@ -185,13 +185,15 @@ class DataState:
                 " the state was altered"
             )
 
-    def check_same_data(self, current: DataState) -> None:
+    def check_same_data(self, current: DataState, batch_size_may_change: bool = False) -> None:
         """Raise if ``current`` (the running setup) would read a different stream than the saved one.
 
         The world size is not compared here: a changed world size is an elastic resume, which the
-        sampler handles and the callback polices.
+        sampler handles and the callback polices; nor, where ``batch_size_may_change``, the batch size (the
+        same global stream read on in batches of another size).
         """
-        names = ("dataset_size", "shuffle", "drop_last", "drop_last_batch", "batch_size", "draws")
+        names: tuple[str, ...] = ("dataset_size", "shuffle", "drop_last", "drop_last_batch", "draws")
+        names += () if batch_size_may_change else ("batch_size",)
         differences = [
             f"{name}: checkpoint {getattr(self, name)!r}, now {getattr(current, name)!r}"
             for name in names

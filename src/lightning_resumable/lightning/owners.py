@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from lightning_resumable.core.resume_start import DataPlace, Start, resume_start
@@ -170,7 +171,7 @@ def _where(state: DataState) -> str:
 
 
 class LoaderOwner(Owner[LoaderState]):
-    """One map-style train loader, which resumes on another world size."""
+    """One map-style train loader, which resumes on another world size and with another batch size."""
 
     state_type = LoaderState
 
@@ -188,13 +189,19 @@ class LoaderOwner(Owner[LoaderState]):
         return self.owned.sampler
 
     def restore(self, saved: LoaderState, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
-        world_size = self.sampler.num_replicas
+        world_size, batch_size = self.sampler.num_replicas, self.sampler.batch_size
         world_size_policy(saved.state.world_size, world_size, None, _where(saved.state))
-        resized = saved.state.world_size != world_size
+        self.owned.restore(saved, verify, epoch, batch_size_may_change=True)  # refuses another setup first
+        if saved.state.batch_size != batch_size:
+            rank_zero_info(
+                f"lightning_resumable: the checkpoint was written with batches of {saved.state.batch_size} samples"
+                f" per process and resumes with {batch_size}, {_where(saved.state)}; the epoch goes on from its"
+                " global position in batches of the new size"
+            )
+        resized = (saved.state.world_size, saved.state.batch_size) != (world_size, batch_size)
         if resized:
             self.resized_epoch = saved.state.epoch  # counted in the old units: rebuilt at its end
         self.resized_from = saved.state if resized else None
-        self.owned.restore(saved, verify, epoch)
 
     def start_fresh(self, epoch: int) -> None:
         self.resized_from = None

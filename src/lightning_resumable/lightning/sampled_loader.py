@@ -60,15 +60,23 @@ class SampledLoader:
     def user_dataset(self) -> object:
         return getattr(self.loader.dataset, "dataset", self.loader.dataset)  # inside the SampleSeededDataset
 
-    def restore(self, saved: LoaderState, verify: bool, epoch: int, lightning_ends_epoch: bool = False) -> None:
-        """Apply a saved state (the sampler's, then the dataset's); the world size is the caller's to police.
+    def restore(
+        self,
+        saved: LoaderState,
+        verify: bool,
+        epoch: int,
+        lightning_ends_epoch: bool = False,
+        batch_size_may_change: bool = False,
+    ) -> None:
+        """Apply a saved state (the sampler's, then the dataset's); the world size is the caller's to police,
+        and so is the batch size where ``batch_size_may_change`` (else another one is refused).
 
         ``epoch`` is the trainer's: a resume that starts the next epoch (`resume_start`) starts it here, before
         any iterator exists (a loader's workers read ahead from the first one Lightning makes).
         """
         state = saved.state
-        self.sampler.restore(state)  # refuses another setup before anything changes
-        resized = state.world_size != self.sampler.num_replicas
+        self.sampler.restore(state, batch_size_may_change)  # refuses another setup before anything changes
+        resized = (state.world_size, state.batch_size) != (self.sampler.num_replicas, self.sampler.batch_size)
         self._restore_dataset(saved.dataset)
         if resume_start(self.place(lightning_ends_epoch), epoch) is Start.NEXT_EPOCH:
             self.begin_next_epoch(epoch)
