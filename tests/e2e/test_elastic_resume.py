@@ -86,26 +86,37 @@ def global_order(records: Records, epoch: int) -> list[int]:
     return order
 
 
-@pytest.mark.parametrize("new_batch_size", [6, 2])
+@pytest.mark.parametrize(("new_world_size", "new_batch_size"), [(2, 6), (2, 2), (1, 6)])
 def test_a_resume_with_another_batch_size_goes_on_from_the_same_global_position(
-    runner: Runner, new_batch_size: int
+    runner: Runner, new_world_size: int, new_batch_size: int
 ) -> None:
-    """A batch-size ramp (4 -> 6) or a smaller batch that fits another GPU (4 -> 2): the interrupted epoch's
-    samples are the uninterrupted run's, in its global order, from the position the checkpoint holds, each
-    with its augmentation; Lightning counts the epoch's batches on from the checkpoint's; the next epochs are
-    an uninterrupted run's with the new batch size."""
-    scenario = replace(STOPPED_ON_TWO, resume_batch_size=new_batch_size)
+    """A batch-size ramp (4 -> 6) or a smaller batch that fits another GPU (4 -> 2), on the same world size or on
+    one process: the interrupted epoch's samples are the uninterrupted run's, in its global order, from the
+    position the checkpoint holds, each with its augmentation; Lightning counts the epoch's batches on from the
+    checkpoint's; the next epochs are an uninterrupted run's with the new batch size."""
+    resize = {"resume_world_size": new_world_size} if new_world_size != 2 else {}
+    scenario = replace(STOPPED_ON_TWO, resume_batch_size=new_batch_size, **resize)  # type: ignore[arg-type]
     epoch, stop = scenario.stop_epoch, scenario.stop_batch
     stopped, resumed = runner.stopped(scenario), runner.resumed(scenario)
     assert global_order(stopped, epoch) + global_order(resumed, epoch) == global_order(runner.full(scenario), epoch)
     uninterrupted = augmentation_by_id(runner.full(scenario), epoch=epoch)
     assert augmentation_by_id(stopped, resumed, epoch=epoch) == uninterrupted
 
-    per_rank = math.ceil((scenario.dataset_size - (stop + 1) * scenario.batch_size * 2) / 2)
+    rest = scenario.dataset_size - (stop + 1) * scenario.batch_size * scenario.world_size
+    per_rank = math.ceil(rest / new_world_size)
     expected_batches = list(range(stop + 1, stop + 1 + math.ceil(per_rank / new_batch_size)))
+    assert sorted(resumed) == list(range(new_world_size))
     for rank, records in resumed.items():
         assert [r["batch"] for r in records if r["epoch"] == epoch] == expected_batches, f"rank {rank}"
         assert all(len(r["ids"]) <= new_batch_size for r in records)
 
-    fresh = runner.full(replace(scenario, batch_size=new_batch_size, resume_batch_size=None))
+    fresh = runner.full(
+        replace(
+            scenario,
+            world_size=new_world_size,
+            batch_size=new_batch_size,
+            resume_batch_size=None,
+            resume_world_size=None,
+        )
+    )
     assert data_after_epoch(resumed, epoch) == data_after_epoch(fresh, epoch)

@@ -126,3 +126,20 @@ def test_a_resume_on_two_processes_with_workers_continues_the_stream_of_one(runn
     interrupted = stopped + resumed
     compared = min(len(interrupted), len(expected))
     assert interrupted[:compared] == expected[:compared]
+
+
+@pytest.mark.parametrize("new_batch_size", [6, 2])
+def test_a_resume_with_another_batch_size_continues_the_stream(runner: Runner, new_batch_size: int) -> None:
+    """The mixture's stream goes on from the checkpoint's position in global batches of the new size: the samples
+    of all ranks in stream order, with their augmentations, are the uninterrupted run's (its epochs, of whole
+    global batches, end elsewhere: compared over the positions both runs trained)."""
+    elastic = replace(BASE, resume_batch_size=new_batch_size)
+    stopped, resumed = stream_order(runner.stopped(elastic)), stream_order(runner.resumed(elastic))
+    expected = stream_order(runner.full(BASE))
+    assert all(
+        len(record["ids"]) <= new_batch_size for records in runner.resumed(elastic).values() for record in records
+    )
+    interrupted = stopped + resumed
+    compared = min(len(interrupted), len(expected))
+    assert compared > len(stopped) + 2 * new_batch_size
+    assert interrupted[:compared] == expected[:compared]

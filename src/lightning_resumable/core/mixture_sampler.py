@@ -134,10 +134,9 @@ class MixtureSampler(ResumableSampler):
 
     def restore(self, saved: DataState, batch_size_may_change: bool = False) -> None:
         """After `start_at` (the owner's), which sets the saved epoch: an epoch's end is saved as the next
-        epoch's start, so the base class's "the loop has begun the next epoch" case never arises here. Another
-        batch size is refused (not yet shown exact for a mixture's epochs of whole global batches)."""
+        epoch's start, so the base class's "the loop has begun the next epoch" case never arises here."""
         start = self.epoch_start(saved.epoch)
-        super().restore(saved)
+        super().restore(saved, batch_size_may_change)
         self._epoch_origin = (saved.epoch, start)
 
     def state_at_start(self, epoch: int, cycle: int) -> DataState:
