@@ -81,9 +81,11 @@ def read_shuffled(
     key: int,
     place: MutableMapping[str, Any],
     seed_reads: bool = True,
+    read_key: int | None = None,
 ) -> Iterator[Any]:
-    """The samples of ``sources`` in windows of ``size``, each permuted, from ``place`` on (updated in
-    place before each sample is yielded, so it is always the place after the samples yielded).
+    """The samples of ``sources`` in windows of ``size``, each permuted by ``key``, from ``place`` on (updated in
+    place before each sample is yielded, so it is always the place after the samples yielded); the reads seeded
+    by ``read_key`` (``None``: ``key``).
 
     Raises:
         IncompatibleStateError: ``place`` was taken over another number of sources.
@@ -95,6 +97,7 @@ def read_shuffled(
             f"the shuffle's saved place reads {len(place['sources'])} groups of shards side by side, this stream"
             f" {len(sources)}: its shards or workers differ from the saved run's. Resume with the saved setup"
         )
+    reads = key if read_key is None else read_key
     window, cursor = int(place["window"]), int(place["cursor"])
     skip = int(place["yielded"])
     # Not in another thread (datasets' interleave_datasets reads its sources ahead in a pool): the generators are
@@ -115,7 +118,7 @@ def read_shuffled(
                 reader = readers[number]
                 assert reader is not None
                 if seed_reads:
-                    randomness.begin_sample(read_seed(key, window, len(samples)), True)
+                    randomness.begin_sample(read_seed(reads, window, len(samples)), True)
                 try:
                     samples.append(next(reader))
                 except StopIteration:

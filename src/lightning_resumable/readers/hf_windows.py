@@ -56,9 +56,10 @@ class WindowShuffledExamplesIterable(_BaseExamplesIterable):  # type: ignore[mis
     generator (shifted by epoch and worker as ``datasets`` shifts it), windows instead of a buffer.
 
     ``interleave``: the shards read side by side (``max_buffer_input_shards``; 1: one after the other).
-    ``run_seed`` and ``rank`` (the library's) key the order with the generator; ``seed_reads``: the
-    samples read into a window are seeded by their place in it (a ``map`` before the shuffle draws alike
-    when a restore reads the window again).
+    ``run_seed`` and ``order_rank`` (the library's; ``None`` where the ranks split one stream by examples after
+    the shuffle, as ``datasets`` may: every rank reads it in one order) key the order with the generator;
+    ``seed_reads``: the samples read into a window are seeded by their place in it and ``rank`` (a ``map`` before
+    the shuffle draws alike when a restore reads the window again, and apart on each rank).
     """
 
     def __init__(
@@ -70,18 +71,26 @@ class WindowShuffledExamplesIterable(_BaseExamplesIterable):  # type: ignore[mis
         run_seed: int,
         rank: int,
         seed_reads: bool,
+        order_rank: int | None,
     ) -> None:
         super().__init__()
         self.ex_iterable = ex_iterable
         self.buffer_size = buffer_size
         self.generator = generator
         self.interleave = interleave
-        self.run_seed, self.rank, self.seed_reads = run_seed, rank, seed_reads
+        self.run_seed, self.rank, self.seed_reads, self.order_rank = run_seed, rank, seed_reads, order_rank
 
     def _like(self, ex_iterable: Any, generator: np.random.Generator | None = None) -> WindowShuffledExamplesIterable:
         generator = self.generator if generator is None else generator
         return WindowShuffledExamplesIterable(
-            ex_iterable, self.buffer_size, generator, self.interleave, self.run_seed, self.rank, self.seed_reads
+            ex_iterable,
+            self.buffer_size,
+            generator,
+            self.interleave,
+            self.run_seed,
+            self.rank,
+            self.seed_reads,
+            self.order_rank,
         )
 
     def _groups(self) -> list[Any]:
@@ -124,35 +133,42 @@ class WindowShuffledExamplesIterable(_BaseExamplesIterable):  # type: ignore[mis
         self._state_dict = {**fresh_place(len(self._sources)), "type": type(self).__name__}
         return self._state_dict
 
-    def key(self) -> int:
-        """The order's key: the library's seed and rank, and the generator ``datasets`` gave this pass."""
+    def key(self, rank: int | None) -> int:
+        """A key of this pass: the library's seed and ``rank`` (``None``: none), and the generator ``datasets``
+        gave the pass."""
         drawn = int(copy.deepcopy(self.generator).integers(0, 1 << 63))
-        return domain_key(self.run_seed, Domain.WINDOW, drawn, self.rank)
+        if rank is None:
+            return domain_key(self.run_seed, Domain.WINDOW, drawn)
+        return domain_key(self.run_seed, Domain.WINDOW, drawn, rank)
 
     def __iter__(self) -> Iterator[Any]:
         if self._state_dict is None:
             self._init_state_dict()
         place = self._state_dict
-        yield from read_shuffled(self._sources, self.buffer_size, self.key(), place, self.seed_reads)
+        order, reads = self.key(self.order_rank), self.key(self.rank)
+        yield from read_shuffled(self._sources, self.buffer_size, order, place, self.seed_reads, reads)
 
 
-def replace_buffers(chain: Any, run_seed: int, rank: int, seed_reads: bool) -> Any:
+def replace_buffers(chain: Any, run_seed: int, rank: int, seed_reads: bool, order_rank: int | None) -> Any:
     """``chain`` (an ``IterableDataset``'s ``_ex_iterable``) with each shuffle buffer replaced by windows
-    of its size; the nodes on the way are copied, the user's dataset is left as it was."""
+    of its size; the nodes on the way are copied, the user's dataset is left as it was. ``order_rank``: the
+    rank that keys the windows' order (`WindowShuffledExamplesIterable`)."""
     if isinstance(chain, BufferShuffledExamplesIterable):
         inner, interleave = chain.ex_iterable, 1
         if isinstance(inner, _INTERLEAVED):  # read side by side here, not in threads
             inner, interleave = inner.ex_iterable, inner.max_input_shards
-        inner = replace_buffers(inner, run_seed, rank, seed_reads)
+        inner = replace_buffers(inner, run_seed, rank, seed_reads, order_rank)
         return WindowShuffledExamplesIterable(
-            inner, chain.buffer_size, chain.generator, interleave, run_seed, rank, seed_reads
+            inner, chain.buffer_size, chain.generator, interleave, run_seed, rank, seed_reads, order_rank
         )
     if getattr(chain, "ex_iterable", None) is not None:
         copied = copy.copy(chain)
-        copied.ex_iterable = replace_buffers(chain.ex_iterable, run_seed, rank, seed_reads)
+        copied.ex_iterable = replace_buffers(chain.ex_iterable, run_seed, rank, seed_reads, order_rank)
         return copied
     if getattr(chain, "ex_iterables", None):
         copied = copy.copy(chain)
-        copied.ex_iterables = [replace_buffers(each, run_seed, rank, seed_reads) for each in chain.ex_iterables]
+        copied.ex_iterables = [
+            replace_buffers(each, run_seed, rank, seed_reads, order_rank) for each in chain.ex_iterables
+        ]
         return copied
     return chain

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["shuffle_buffer_size", "take_over_buffers"]
+__all__ = ["shuffle_buffer_size", "split_by_examples", "take_over_buffers"]
 
 
 def shuffle_buffer_size(dataset: object) -> int | None:
@@ -33,6 +33,21 @@ def shuffle_buffer_size(dataset: object) -> int | None:
     return None
 
 
+def split_by_examples(dataset: object) -> bool:
+    """Whether ``datasets`` splits ``dataset`` by node by keeping every ``world_size``-th example of one stream
+    (``split_dataset_by_node`` with ``strategy="examples"``, or ``"auto"`` where its shards do not divide among
+    the ranks; datasets 5.0's shuffle reads its shards as one source), after the shuffle: then every rank must read
+    that stream in one order. Else each rank reads shards of its own."""
+    distributed = getattr(dataset, "_distributed", None)
+    if distributed is None:
+        return False
+    strategy = getattr(distributed, "strategy", "auto")  # (a release before 5.2 has none: "auto")
+    if strategy == "shards":
+        return False
+    shards = int(dataset._ex_iterable.num_shards)  # type: ignore[attr-defined]
+    return strategy == "examples" or shards % int(distributed.world_size) != 0
+
+
 def take_over_buffers(dataset: object, seed: int, rank: int, seed_reads: bool) -> Any:
     """A copy of ``dataset`` (a ``datasets.IterableDataset``) whose shuffle buffers are replaced by windows
     that resume exactly (`lightning_resumable.readers.hf_windows`), or ``None`` if it has no buffer."""
@@ -42,6 +57,7 @@ def take_over_buffers(dataset: object, seed: int, rank: int, seed_reads: bool) -
 
     taken = copy.copy(dataset)
     taken.__dict__ = dict(dataset.__dict__)  # datasets' __getstate__ hands out its own __dict__: a copy shares it
-    taken._ex_iterable = replace_buffers(dataset._ex_iterable, seed, rank, seed_reads)  # type: ignore[attr-defined]
+    order_rank = None if split_by_examples(dataset) else rank
+    taken._ex_iterable = replace_buffers(dataset._ex_iterable, seed, rank, seed_reads, order_rank)  # type: ignore[attr-defined]
     taken._prepare_ex_iterable_for_iteration()  # type: ignore[attr-defined]  # its state before a pass, as datasets' constructor sets it
     return taken
