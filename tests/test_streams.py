@@ -6,13 +6,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import random
 import weakref
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import pytest
-from torch.utils.data import DataLoader, IterableDataset
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from lightning_resumable import (
     IncompatibleStateError,
@@ -88,10 +90,67 @@ def test_a_stream_loader_out_of_order_is_refused() -> None:
         make_stream_resumable(user, seed=0, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: 0)
 
 
-def test_persistent_workers_are_refused_for_a_stream() -> None:
-    user = DataLoader(Counting(), batch_size=2, num_workers=1, persistent_workers=True)
-    with pytest.raises(UnsupportedLoaderError, match="persistent_workers"):
-        make_stream_resumable(user, seed=0, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: 0)
+class EpochStream(IterableDataset[torch.Tensor]):
+    """A user's stream whose order changes with its epoch (a plain attribute: each worker's copy has its own),
+    split across workers; each sample carries a draw from the global generator."""
+
+    def __init__(self, size: int = 24) -> None:
+        self.size, self.epoch, self.position, self._start = size, 0, 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Any:
+        worker = get_worker_info()
+        order = [(index * 7 + self.epoch * 5) % self.size for index in range(self.size)]
+        mine = order[worker.id :: worker.num_workers] if worker else order
+        self.position, self._start = self._start, 0
+        while self.position < len(mine):
+            self.position += 1
+            yield torch.tensor([float(mine[self.position - 1]), random.random()])
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position, "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = self._start = state["position"] if state["epoch"] == self.epoch else 0
+
+
+def epoch_loader(persistent: bool, cell: list[int]) -> Any:
+    user = DataLoader(EpochStream(), batch_size=2, num_workers=2, persistent_workers=persistent)
+    return make_stream_resumable(
+        user, seed=5, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: cell[0]
+    )
+
+
+def epoch_batches(loader: Any, cell: list[int], epochs: range) -> list[list[list[float]]]:
+    read = []
+    for epoch in epochs:
+        cell[0] = epoch
+        read.append([batch.tolist() for batch in loader])
+    return read
+
+
+def test_persistent_workers_read_each_epoch_and_a_restore_as_workers_started_anew() -> None:
+    """``persistent_workers=True`` (Lightning's advice for loaders with workers): the workers keep their copies of
+    the stream from pass to pass, yet each pass reads the trainer's epoch, and a restore mid-epoch goes on into the
+    next epochs as a loader whose workers start each pass anew (ids and what each sample drew)."""
+    cell = [0]
+    expected = epoch_batches(epoch_loader(False, cell), cell, range(3))
+    persistent = epoch_loader(True, cell)
+    assert epoch_batches(persistent, cell, range(3)) == expected
+    cell[0] = 1
+    cut = iter(persistent)
+    for _ in range(4):  # 3 batches trained, the 4th read ahead
+        next(cut)
+    state = persistent.state_after(3)
+    del cut
+    persistent.retire_workers()
+    resumed = epoch_loader(True, cell)
+    resumed.resume_from(state, 3)
+    assert [batch.tolist() for batch in resumed] == expected[1][3:]
+    assert epoch_batches(resumed, cell, range(2, 3)) == expected[2:]
+    resumed.retire_workers()
 
 
 @functools.cache

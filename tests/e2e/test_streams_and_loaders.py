@@ -72,6 +72,26 @@ def test_a_stream_resumes_exactly(runner: Runner, scenario: Scenario) -> None:
         assert ids_of(outcome.full, 0) != ids_of(outcome.full, 1)
 
 
+PERSISTENT = [
+    Scenario(world_size=2, num_workers=2, data="stream", persistent_workers=True),
+    Scenario(world_size=2, num_workers=2, data="hf", shuffle_buffer=8, persistent_workers=True),
+]
+
+
+@pytest.mark.parametrize("scenario", PERSISTENT, ids=[s.label() for s in PERSISTENT])
+def test_a_stream_with_persistent_workers_resumes_exactly_and_reads_what_workers_started_anew_read(
+    runner: Runner, scenario: Scenario
+) -> None:
+    """``persistent_workers=True`` (Lightning's advice for loaders with workers): the workers keep their copies of
+    the stream across epochs and the resume; every epoch reads the trainer's, as workers started each pass do."""
+    outcome = runner.run(scenario)
+    assert outcome.stream_mismatches(FIELDS) == []
+    anew = runner.full(replace(scenario, persistent_workers=False))
+    assert [[(r["epoch"], r["ids"], r["aug"]) for r in records] for records in outcome.full.values()] == [
+        [(r["epoch"], r["ids"], r["aug"]) for r in records] for records in anew.values()
+    ]
+
+
 @pytest.mark.parametrize("scenario", COMBINED, ids=[s.label() for s in COMBINED])
 def test_several_loaders_resume_exactly_in_each_mode(runner: Runner, scenario: Scenario) -> None:
     outcome = runner.run(scenario)

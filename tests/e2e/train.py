@@ -994,7 +994,11 @@ class PlainData(L.LightningDataModule):
             stream.set_epoch(self.trainer.current_epoch)  # type: ignore[union-attr]  # restored before this runs
         self.train_set = stream
         loader_type = StatefulDataLoader if self.config["loader"] == "StatefulDataLoader" else DataLoader
-        return loader_type(stream, batch_size=self.config["batch_size"], num_workers=workers, collate_fn=collate)
+        persistent = workers > 0 and self.config.get("persistent_workers", False)
+        return loader_type(  # type: ignore[no-any-return]
+            stream, batch_size=self.config["batch_size"], num_workers=workers, collate_fn=collate,
+            persistent_workers=persistent,
+        )  # fmt: skip
 
     def val_dataloader(self) -> DataLoader[Any]:
         """``val_loader``: ``plain``, ``shuffled`` (Lightning keeps the shuffle under DDP) or ``batch_sampler``."""

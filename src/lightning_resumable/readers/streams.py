@@ -27,6 +27,7 @@ import copy
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -95,14 +96,21 @@ class SeededStream(IterableDataset[Any]):
         self.rank = rank
         self.seed_globals = seed_globals
         self.restore_globals = restore_globals
-        self.epoch = 0
+        # Shared with every worker's copy (as a Hugging Face stream shares its own): a persistent worker keeps its
+        # copy from pass to pass, and reads the epoch the main process set for each.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
         self._yielded = 0
-        self._restored: dict[str, Any] | None = None  # a state loaded, until the stream reads on from it
+        self._restored: dict[str, Any] | None = None  # a state loaded, for the next pass
+        self._pass_restored: dict[str, Any] | None = None  # this pass's restored state, until it reads on from it
 
     def __getattr__(self, name: str) -> Any:
         if name == "dataset":  # not set yet (unpickling): don't recurse
             raise AttributeError(name)
         return getattr(self.dataset, name)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch, and hand it to the stream (if it has ``set_epoch``) before workers copy it.
@@ -110,15 +118,26 @@ class SeededStream(IterableDataset[Any]):
         Called in the main process: a Hugging Face stream shares its epoch between worker copies, and
         ``set_epoch`` calls from several workers at once race on it.
         """
-        self.epoch = epoch
+        self._epoch.fill_(epoch)
         set_epoch = getattr(self.dataset, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
 
+    def _take_the_epoch(self) -> None:
+        """In a worker kept from pass to pass: its copy of the stream was given an earlier epoch. Handed the
+        current one unless the stream shares its epoch (a Hugging Face stream's is the main process's already,
+        and its ``set_epoch`` from several workers would race)."""
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if callable(set_epoch) and getattr(self.dataset, "epoch", None) != self.epoch:
+            set_epoch(self.epoch)
+
     def __iter__(self) -> Iterator[Any]:
         worker = get_worker_info()
+        if worker is not None:
+            self._take_the_epoch()
         key = stream_key(self.seed, self.epoch, self.rank, worker.id if worker is not None else 0)
-        self._yielded = int(self._restored["yielded"]) if self._restored is not None else 0
+        self._pass_restored, self._restored = self._restored, None  # a restore is the next pass's, none later
+        self._yielded = int(self._pass_restored["yielded"]) if self._pass_restored is not None else 0
         restore = self.seed_globals and self.restore_globals and worker is None
         source = iter(self.dataset)
         while True:
@@ -128,19 +147,20 @@ class SeededStream(IterableDataset[Any]):
                 randomness.begin_sample(seed, self.seed_globals)
                 sample = next(source)
             except StopIteration:
-                self._restored = None
+                self._pass_restored = None
                 return
             finally:
                 randomness.end_sample()
                 if saved is not None:
                     saved.restore()
             self._yielded += 1
-            self._restored = None  # the stream read on from it: its own state is current
+            self._pass_restored = None  # the stream read on from it: its own state is current
             yield sample
 
     def state_dict(self) -> dict[str, Any]:
-        if self._restored is not None:  # restored, not read from yet: a Hugging Face stream would report the
-            return copy.deepcopy(self._restored)  # state it had before the load (it applies one as it reads)
+        restored = self._restored if self._restored is not None else self._pass_restored
+        if restored is not None:  # restored, not read from yet: a Hugging Face stream would report the
+            return copy.deepcopy(restored)  # state it had before the load (it applies one as it reads)
         return {"stream": self.dataset.state_dict(), "yielded": self._yielded}  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -170,7 +190,8 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
         stream.set_epoch(self.pass_epoch())  # before the workers get their copy
         # Retire the previous pass's iterator (its workers and feeder threads) before new workers are
         # forked (see lightning_resumable.readers.workers): 2 hangs in 11 runs of 3 epochs before, none in 22 after.
-        if not holds_restored_iterator(self):  # else that iterator holds a restored state: keep it
+        kept = self.persistent_workers and self.num_workers > 0  # torchdata resets its workers for the pass
+        if not kept and not holds_restored_iterator(self):  # else that iterator holds a restored state: keep it
             previous = take_iterator(self)
             if previous is not None:
                 retire(previous)
@@ -295,10 +316,10 @@ def make_stream_resumable(
     `StreamLoader` over a `SeededStream`, every other setting kept.
 
     Raises:
-        UnsupportedLoaderError: the stream has no state, or the loader has persistent workers (they
-            keep the first epoch's copy of the stream) or ``in_order=False`` (its order is not
-            reproducible).
+        UnsupportedLoaderError: the stream has no state, or the loader has ``in_order=False`` (its order is not
+            reproducible), or a WebDataset pipeline's loader has persistent workers (not yet shown exact).
     """
+    library_pipeline = dataset is not None
     dataset = loader.dataset if dataset is None else dataset  # (a data library's stream, taken over)
     taken = take_over_buffers(dataset, seed, rank, seed_samples)  # a Hugging Face shuffle buffer: windows
     if taken is not None:
@@ -310,12 +331,8 @@ def make_stream_resumable(
             " state_dict()/load_state_dict() (torchdata's Stateful protocol), as Hugging Face's"
             " datasets.IterableDataset has"
         )
-    refuse_persistent_workers(
-        loader,
-        "a stream loader",
-        "each worker would keep its copy of the stream from the first epoch, so neither the epoch nor a"
-        " restored state would reach it",
-    )
+    if library_pipeline:  # a data library's pipeline taken over (WebDataset's): not yet shown exact
+        refuse_persistent_workers(loader, "a WebDataset pipeline's loader", "not yet shown exact")
     if not getattr(loader, "in_order", True):
         raise UnsupportedLoaderError(
             "a stream loader with in_order=False has no reproducible order; pass in_order=True"
