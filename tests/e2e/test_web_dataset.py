@@ -8,6 +8,8 @@ then the process killed, SIGTERM on every rank, an epoch's last batch), drawn by
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from .data_setups import STREAM_SIZE
@@ -70,6 +72,20 @@ def test_a_shuffled_web_dataset_resumes_exactly(runner: Runner, scenario: Scenar
     for epoch in range(scenario.epochs):
         assert sorted(ids_of(outcome.full, epoch)) == list(range(STREAM_SIZE))
     assert ids_of(outcome.full, 0) != ids_of(outcome.full, 1), "shards and samples reshuffled each epoch"
+
+
+def test_a_web_dataset_with_persistent_workers_resumes_exactly_and_reads_what_workers_started_anew_read(
+    runner: Runner,
+) -> None:
+    """``persistent_workers=True``: the workers keep their copies of the pipeline across epochs and the resume (the
+    same check as for the other streams, `test_streams_and_loaders.py`)."""
+    scenario = Scenario(world_size=2, num_workers=2, data="wds", shuffle_buffer=8, persistent_workers=True)
+    outcome = runner.run(scenario)
+    assert outcome.stream_mismatches(FIELDS) == []
+    anew = runner.full(replace(scenario, persistent_workers=False))
+    assert [[(r["epoch"], r["ids"], r["aug"]) for r in records] for records in outcome.full.values()] == [
+        [(r["epoch"], r["ids"], r["aug"]) for r in records] for records in anew.values()
+    ]
 
 
 @pytest.mark.parametrize("scenario", BATCHED_IN_THE_PIPELINE, ids=[s.label() for s in BATCHED_IN_THE_PIPELINE])

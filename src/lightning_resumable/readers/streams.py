@@ -50,7 +50,7 @@ from lightning_resumable.internals._torchdata import (
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.hugging_face import take_over_buffers
 from lightning_resumable.readers.recording import PassRecord
-from lightning_resumable.readers.settings import TORCH_SETTINGS, forwarded_settings, refuse_persistent_workers
+from lightning_resumable.readers.settings import TORCH_SETTINGS, forwarded_settings
 from lightning_resumable.readers.workers import (
     forking,
     retire,
@@ -317,9 +317,8 @@ def make_stream_resumable(
 
     Raises:
         UnsupportedLoaderError: the stream has no state, or the loader has ``in_order=False`` (its order is not
-            reproducible), or a WebDataset pipeline's loader has persistent workers (not yet shown exact).
+            reproducible).
     """
-    library_pipeline = dataset is not None
     dataset = loader.dataset if dataset is None else dataset  # (a data library's stream, taken over)
     taken = take_over_buffers(dataset, seed, rank, seed_samples)  # a Hugging Face shuffle buffer: windows
     if taken is not None:
@@ -331,8 +330,6 @@ def make_stream_resumable(
             " state_dict()/load_state_dict() (torchdata's Stateful protocol), as Hugging Face's"
             " datasets.IterableDataset has"
         )
-    if library_pipeline:  # a data library's pipeline taken over (WebDataset's): not yet shown exact
-        refuse_persistent_workers(loader, "a WebDataset pipeline's loader", "not yet shown exact")
     if not getattr(loader, "in_order", True):
         raise UnsupportedLoaderError(
             "a stream loader with in_order=False has no reproducible order; pass in_order=True"
