@@ -96,8 +96,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if len(dataset) > MAX_SIZE:
             raise ValueError(f"datasets of up to 2**40 samples are supported, got {len(dataset)}")
-        self.batch_size = batch_size
-        self.drop_last_batch = drop_last_batch
+        self.batch_size, self.drop_last_batch = batch_size, drop_last_batch
         self.passes: Passes = passes
         self.dataset_size = len(dataset)
         self.draws = draws if draws is not None else Permutation(self.dataset_size, shuffle)
@@ -309,17 +308,15 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         self.restore(DataState.from_dict(state))
 
     def restore(self, saved: DataState, batch_size_may_change: bool = False) -> None:
-        """`load_state_dict` of a parsed state (an `IncompatibleStateError` if its setup differs); with
-        ``batch_size_may_change``, a state written with another batch size too: the epoch goes on from its
-        global position in this sampler's batches, as on another world size."""
-        current = self._state(0, 0, (None, None), None)  # the setup (a length may cost a pass)
-        saved.check_same_data(current, batch_size_may_change)
+        """`load_state_dict` of a parsed state (an `IncompatibleStateError` if its setup differs, its batch size
+        too unless ``batch_size_may_change``: then read on from its global position, as on another world size)."""
+        saved.check_same_data(self._state(0, 0, (None, None), None), batch_size_may_change)  # a length may cost a pass
         epoch_set = self.epoch
         self.seed = saved.seed
         self.epoch, self.cycle, self._pass_complete, self._handed_out = saved.epoch, saved.cycle, False, HandedOut()
         self._origin_position, self._origin_batches = saved.position, saved.batches
-        resized = (saved.world_size, saved.batch_size) != (self.num_replicas, self.batch_size)
-        self._anchor = (saved.position, saved.batches) if resized else (saved.anchor_position, saved.anchor_batches)
+        relaid = (saved.world_size, saved.batch_size) != (self.num_replicas, self.batch_size)  # another layout
+        self._anchor = (saved.position, saved.batches) if relaid else (saved.anchor_position, saved.anchor_batches)
         self._origin_is_restored, self._restored_pass = True, None
         if self._next_epoch_starts(epoch_set):
             self.set_epoch(epoch_set)  # the loop has begun the next epoch: start it
