@@ -200,7 +200,7 @@ def test_a_state_from_a_newer_torchdata_is_refused_and_an_older_ones_read() -> N
 def test_a_version_1_stream_state_reads_without_a_torchdata_version() -> None:
     raw = {key: value for key, value in saved_on(2, 0).to_dict().items() if key != "torchdata"}
     state = StreamState.from_dict({**raw, "version": 1})
-    assert (state.torchdata, state.next_batch, state.version) == ("", None, 3)
+    assert (state.torchdata, state.next_batch, state.batch_size, state.version) == ("", None, None, 4)
     with pytest.raises(StateFormatError, match="must be str"):
         StreamState.from_dict({**saved_on(2, 0).to_dict(), "torchdata": 11})
 
@@ -217,7 +217,9 @@ def test_the_mixin_refuses_a_stateless_stream_before_training(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"version": 9}, r"reads \(1, 2, 3\)"),
+        ({"version": 9}, r"reads \(1, 2, 3, 4\)"),
+        ({"batch_size": 0}, "no rank"),
+        ({"batch_size": "4"}, "'batch_size' must be int"),
         ({"next_batch": ["0" * 16]}, "one 16-digit hex digest"),
         ({"next_batch": ["0" * 16, "X" * 16]}, "one 16-digit hex digest"),
         ({"next_batch": "0" * 16}, "'next_batch' must be list"),
@@ -239,6 +241,14 @@ def test_a_version_2_stream_state_reads_without_next_batch_digests() -> None:
     assert StreamState.from_dict({**raw, "version": 2}).next_batch is None
     with pytest.raises(StateFormatError, match="missing keys"):
         StreamState.from_dict({**raw, "version": 3})
+
+
+def test_a_version_3_stream_state_reads_without_a_batch_size() -> None:
+    """0.3.0 recorded no batch size: another one is then not refused before the first batch (its digest differs)."""
+    raw = {key: value for key, value in saved_on(2, 0).to_dict().items() if key != "batch_size"}
+    assert StreamState.from_dict({**raw, "version": 3}).batch_size is None
+    with pytest.raises(StateFormatError, match="missing keys"):
+        StreamState.from_dict({**raw, "version": 4})
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -151,8 +151,12 @@ def test_control_plain_lightning_repeats_a_short_loaders_order_in_every_cycle(ru
         (replace(STREAMS[3], resume_world_size=1), "WorldSizeChangedError"),
         (replace(STREAMS[3], resume_num_workers=0), "WorkerCountChangedError"),
         (replace(COMBINED[0], resume_world_size=1), "WorldSizeChangedError"),
+        (
+            replace(STREAMS[3], resume_batch_size=6),
+            "IncompatibleStateError: the checkpoint's stream was read in batches",
+        ),
     ],
-    ids=["stream-2to1", "stream-workers2to0", "combined-2to1"],
+    ids=["stream-2to1", "stream-workers2to0", "combined-2to1", "stream-batch4to6"],
 )
 def test_a_resume_whose_saved_positions_mean_other_data_is_refused(
     runner: Runner, scenario: Scenario, error: str

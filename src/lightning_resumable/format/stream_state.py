@@ -16,9 +16,10 @@ __all__ = ["GLOBAL_POSITION_ATTRIBUTE", "STREAM_STATE_VERSION", "StreamState"]
 
 GLOBAL_POSITION_ATTRIBUTE = "resumable_global_position"
 """A stream dataset's attribute: ``True`` declares its state the same on every rank and valid on any world size."""
-STREAM_STATE_VERSION = 3
-# Version 1 (never released) had no torchdata version; 1 and 2 (0.2.x) no next-batch digests nor reader.
-_READABLE_STREAM_VERSIONS = (1, 2, 3)
+STREAM_STATE_VERSION = 4
+# Version 1 (never released) had no torchdata version; 1 and 2 (0.2.x) no next-batch digests nor reader; 1 to 3 no
+# batch size.
+_READABLE_STREAM_VERSIONS = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class StreamState:
             verification, or a state before version 3).
         reader: what read the stream and wrote ``ranks``: ``torchdata`` (a ``StatefulDataLoader``)
             ``litdata`` or ``mosaic`` (LitData's or MosaicML Streaming's ``StreamingDataLoader``).
+        batch_size: each process's batch size; ``None`` if not recorded (a state before version 4).
     """
 
     kind: ClassVar[Kind] = "stream"
@@ -57,6 +59,7 @@ class StreamState:
     torchdata: str = ""
     next_batch: list[str] | None = None
     reader: str = "torchdata"
+    batch_size: int | None = None
     version: int = STREAM_STATE_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -73,20 +76,23 @@ class StreamState:
         if version == 1:
             raw = {**raw, "torchdata": ""}
         if version in (1, 2):
-            raw = {**raw, "next_batch": None, "reader": "torchdata", "version": STREAM_STATE_VERSION}
+            raw = {**raw, "next_batch": None, "reader": "torchdata"}
+        if version in (1, 2, 3):
+            raw = {**raw, "batch_size": None, "version": STREAM_STATE_VERSION}
         require_keys(raw, {field.name for field in fields(cls)}, set(), "a stream state")
         for field in fields(cls):
             expected = {"bool": bool, "str": str, "list[dict[str, Any]]": list, "list[str] | None": list}.get(
                 str(field.type), int
             )
-            if field.name == "next_batch" and raw[field.name] is None:
+            if field.name in ("next_batch", "batch_size") and raw[field.name] is None:
                 continue  # not recorded
             if type(raw[field.name]) is not expected:
                 raise StateFormatError(
                     f"stream state key {field.name!r} must be {expected.__name__}, got {type(raw[field.name]).__name__}"
                 )
         state = cls(**{field.name: raw[field.name] for field in fields(cls)})
-        if min(state.epoch, state.batches, state.num_workers) < 0 or state.world_size < 1:
+        batch_size = 1 if state.batch_size is None else state.batch_size
+        if min(state.epoch, state.batches, state.num_workers) < 0 or min(state.world_size, batch_size) < 1:
             raise StateFormatError(f"a stream state has a negative count or no rank: {state!r:.300}")
         if len(state.ranks) != state.world_size or not all(isinstance(rank, Mapping) for rank in state.ranks):
             raise StateFormatError(f"the stream state must hold one loader state per rank ({state.world_size})")

@@ -58,6 +58,7 @@ class StreamOwner(Owner[StreamState]):
             )
         where = f"at epoch {saved.epoch}, after {saved.batches} batches of its stream"
         world_size_policy(saved.world_size, self.world_size, self.loader.world_size_refusal(saved), where)
+        self._refuse_another_batch_size(saved)
         state = self.loader.state_for_rank(saved, self.rank, self.world_size)  # the reader's checks of its layout
         self.resumes_at = place = DataPlace(saved.epoch, saved.batches, saved.finished)
         # Nothing more is read of a saved epoch that is over (a trainer in the next one would start it): the next
@@ -76,6 +77,21 @@ class StreamOwner(Owner[StreamState]):
             raise IncompatibleStateError(
                 f"the stream state resumes epoch {saved.epoch} after {saved.batches} batches, but the trainer"
                 f" resumes epoch {epoch}"
+            )
+
+    def _refuse_another_batch_size(self, saved: StreamState) -> None:
+        """A stream's position per rank is its readers' (each loader worker yields whole batches of its own samples):
+        another batch size regroups them, and the order after the resume would not be the uninterrupted run's. (A
+        position of all ranks together is its reader's to check: Mosaic's counts global batches.)"""
+        batch_size = getattr(self.loader, "batch_size", None)
+        if saved.batch_size is None or batch_size is None or saved.global_position:
+            return  # not recorded (a state before version 4), or a loader whose batch size is its dataset's
+        if saved.batch_size != batch_size:
+            raise IncompatibleStateError(
+                f"the checkpoint's stream was read in batches of {saved.batch_size} samples per process, and the"
+                f" train loader now reads batches of {batch_size}: each loader worker yields whole batches of its own"
+                " samples, so another batch size would regroup them and the order after the resume would not be the"
+                f" uninterrupted run's. Resume with batch_size={saved.batch_size}"
             )
 
     def start_fresh(self, epoch: int) -> None:
@@ -101,6 +117,7 @@ class StreamOwner(Owner[StreamState]):
             torchdata=torchdata_version(),
             next_batch=[digest for _, digest, _ in gathered] if at.verify else None,
             reader=loader.reader,
+            batch_size=getattr(loader, "batch_size", None),
         )
 
     def ran_to_end(self, saved: StreamState, at: SavePoint) -> bool:
