@@ -597,6 +597,8 @@ def _preempted(seed: int, scenario: Scenario) -> tuple[Scenario, Preemption]:
     if scenario.world_size == 1 and draw.random() < 0.7 and scenario.strategy == "ddp":
         scenario = replace(scenario, world_size=2)  # preemption is the job of many processes: mostly two
     when = draw.choice(PREEMPTION_WHENS)
+    if when == "workers_start" and scenario.persistent_workers:  # they start once, before the first epoch's start
+        when = "train_start"  # (Lightning makes the first epoch's iterator in its data setup)
     requeue = draw.random() < 0.25
     if when == "save" and not scenario.extra_saves_every:
         scenario = replace(scenario, extra_saves_every=draw.choice((1, 2)))
@@ -618,8 +620,6 @@ def _preempted(seed: int, scenario: Scenario) -> tuple[Scenario, Preemption]:
     places = [(index // per_epoch, index % per_epoch) for index in range(total - margin)] or [(0, 0)]
     if when == "workers_start":
         places = [(epoch, 0) for epoch in range(1, epochs) if epoch * per_epoch < total - margin] or [(1, 0)]
-        if scenario.persistent_workers:  # its workers start once, in the first epoch
-            places = [(0, 0)]
     at = draw.choice(places)
     resumed_first = None
     first_places = [place for place in places if place < at and place[1] < per_epoch - 1]
