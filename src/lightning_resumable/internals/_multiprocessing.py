@@ -14,13 +14,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterable
-from multiprocessing import forkserver, resource_tracker
-from typing import Any
+from multiprocessing import forkserver, resource_tracker, util
+from typing import Any, NoReturn
 
 __all__ = [
     "abandon_forkserver",
+    "end_as_a_forked_process_ends",
     "ensure_resource_tracker",
     "forkserver_pid",
     "forkserver_preload",
@@ -115,3 +117,16 @@ def ensure_resource_tracker() -> None:
     """Start this process's resource tracker unless it runs, through `protect_resource_tracker`'s replacement while
     it is in place (``multiprocessing.resource_tracker.ensure_running`` is bound to the original)."""
     resource_tracker._resource_tracker.ensure_running()
+
+
+def end_as_a_forked_process_ends() -> NoReturn:
+    """In a process multiprocessing started (by spawn) whose target has returned: what ``BaseProcess._bootstrap`` does
+    after the target (multiprocessing's finalizers, which flush its queues; the other threads joined; the streams
+    flushed), then the exit a forked process makes (``os._exit``). Spawn's own exit goes through the interpreter's
+    finalization, a collection of every object of torch and Lightning: seconds on a busy machine, while the rank
+    waits for the worker (torch then stops waiting, and ends it)."""
+    util._exit_function()  # type: ignore[attr-defined]
+    threading._shutdown()  # type: ignore[attr-defined]
+    util._flush_std_streams()  # type: ignore[attr-defined]
+    sys.stdout.flush()
+    os._exit(0)

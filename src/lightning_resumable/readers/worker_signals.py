@@ -224,12 +224,14 @@ def map_record(path: str) -> mmap.mmap:
         return mmap.mmap(record.fileno(), 1, prot=mmap.PROT_READ)
 
 
-def leave_signals_in_this_worker(path: str, signums: tuple[int, ...]) -> None:
+def leave_signals_in_this_worker(path: str, signums: tuple[int, ...]) -> bool:
     """In a loader worker its holder started, before its worker loop: leave ``signums`` to the holder whose
     record is at ``path`` (nothing to do in a forked worker, which did it as it was forked). The signals a
-    worker started by spawn was started with blocked are unblocked once torch's handlers are replaced."""
+    worker started by spawn was started with blocked are unblocked once torch's handlers are replaced. Whether
+    the worker was forked by its holder."""
     if _arranged_in == os.getpid():
-        return
+        return True
     handler = LeftToHolder(map_record(path), os.getppid(), signums)
     handler.install()
     after_worker_signal_setup(handler.worker_started, unblock=signums)
+    return False

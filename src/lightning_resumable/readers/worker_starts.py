@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.internals._multiprocessing import (
     abandon_forkserver,
+    end_as_a_forked_process_ends,
     ensure_resource_tracker,
     forkserver_pid,
     forkserver_preload,
@@ -100,14 +101,17 @@ class LeavingWorkerLoop:
         self.loop, self.record, self.signums = loop, record, signums
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leave_signals_in_this_worker(self.record, self.signums)
+        forked = leave_signals_in_this_worker(self.record, self.signums)
         try:
-            return self.loop(*args, **kwargs)
+            ended = self.loop(*args, **kwargs)
         finally:
             # The loop has ended: the worker only exits now. One not forked exits through the interpreter's
             # finalization, which puts the default handlers back (a signal then would kill it while its rank still
             # watches it): the signals wait, and end with the process.
             signal.pthread_sigmask(signal.SIG_BLOCK, self.signums)
+        if not forked:  # without the interpreter's finalization (seconds), as a forked worker ends
+            end_as_a_forked_process_ends()
+        return ended
 
     def __reduce__(self) -> tuple[Any, ...]:
         module, name = getattr(self.loop, "__module__", None), getattr(self.loop, "__qualname__", None)
