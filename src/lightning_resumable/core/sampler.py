@@ -315,7 +315,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         self.seed = saved.seed
         self.epoch, self.cycle, self._pass_complete, self._handed_out = saved.epoch, saved.cycle, False, HandedOut()
         self._origin_position, self._origin_batches = saved.position, saved.batches
-        relaid = (saved.world_size, saved.batch_size) != (self.num_replicas, self.batch_size)  # another layout
+        relaid = saved.laid_out_otherwise(self.num_replicas, self.batch_size)
         self._anchor = (saved.position, saved.batches) if relaid else (saved.anchor_position, saved.anchor_batches)
         self._origin_is_restored, self._restored_pass = True, None
         if self._next_epoch_starts(epoch_set):

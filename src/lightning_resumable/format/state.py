@@ -147,6 +147,11 @@ class DataState:
         state.check_position()
         return state
 
+    def laid_out_otherwise(self, world_size: int, batch_size: int) -> bool:
+        """Whether this state was written on another layout than ``world_size`` processes of ``batch_size`` samples a
+        batch: then the epoch goes on from its global position, split anew (the anchor moves there)."""
+        return (self.world_size, self.batch_size) != (world_size, batch_size)
+
     def at_start(self, epoch: int, cycle: int, stream_length: int) -> DataState:
         """This setup's state at the start of ``epoch``'s ``cycle`` (a stream of ``stream_length``
         positions): nothing consumed, the stream's start the anchor."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable, Iterable
 from multiprocessing import forkserver, resource_tracker, util
@@ -128,5 +127,4 @@ def end_as_a_forked_process_ends() -> NoReturn:
     util._exit_function()  # type: ignore[attr-defined]
     threading._shutdown()  # type: ignore[attr-defined]
     util._flush_std_streams()  # type: ignore[attr-defined]
-    sys.stdout.flush()
     os._exit(0)

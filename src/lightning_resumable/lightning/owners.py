@@ -198,7 +198,7 @@ class LoaderOwner(Owner[LoaderState]):
                 f" per process and resumes with {batch_size}, {_where(saved.state)}; the epoch goes on from its"
                 " global position in batches of the new size"
             )
-        resized = (saved.state.world_size, saved.state.batch_size) != (world_size, batch_size)
+        resized = saved.state.laid_out_otherwise(world_size, batch_size)
         if resized:
             self.resized_epoch = saved.state.epoch  # counted in the old units: rebuilt at its end
         self.resized_from = saved.state if resized else None

@@ -76,7 +76,7 @@ class SampledLoader:
         """
         state = saved.state
         self.sampler.restore(state, batch_size_may_change)  # refuses another setup before anything changes
-        resized = (state.world_size, state.batch_size) != (self.sampler.num_replicas, self.sampler.batch_size)
+        resized = state.laid_out_otherwise(self.sampler.num_replicas, self.sampler.batch_size)
         self._restore_dataset(saved.dataset)
         if resume_start(self.place(lightning_ends_epoch), epoch) is Start.NEXT_EPOCH:
             self.begin_next_epoch(epoch)
