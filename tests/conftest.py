@@ -30,6 +30,10 @@ def pytest_report_header() -> str:
 
 
 def pytest_configure() -> None:
+    # Under pytest-xdist each worker runs its tests in a session of its own, as a lone pytest does: a test that
+    # signals its process group (as a scheduler signals a job) reaches its own processes, never another worker's.
+    if os.environ.get("PYTEST_XDIST_WORKER") and os.getpgrp() != os.getpid():
+        os.setsid()
     # .ci/run installs the built wheel and sets this, so the suite cannot pass on the source tree by accident.
     if (
         os.environ.get("LIGHTNING_RESUMABLE_REQUIRE_INSTALLED")

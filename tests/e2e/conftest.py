@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -18,5 +19,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> Runner:
-    """One runner for the whole session, so scenarios share uninterrupted and stopped runs."""
+    """One runner for the whole session, so scenarios share uninterrupted and stopped runs: under pytest-xdist,
+    one folder for every worker of the session (the workers' temporary folders' common parent)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "e2e-shared"
+        shared.mkdir(exist_ok=True)
+        return Runner(shared)
     return Runner(tmp_path_factory.mktemp("e2e"))

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from dataclasses import fields as dataclass_fields
 from pathlib import Path
@@ -440,9 +442,31 @@ class Outcome:
         return differing
 
 
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes (or its process ends)
+        yield
+
+
+def run_once(run_dir: Path, phase: str, world_size: int, run: Callable[[], Records]) -> Records:
+    """``run()``'s records, run by the first pytest process of the session to ask for ``phase`` in ``run_dir``; a
+    later one (another xdist worker) waits on the directory's lock and reads what the run recorded. A run that
+    failed left no mark: the next to ask runs it again (and fails as it did)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(run_dir / f"{phase}.lock"):
+        done = run_dir / f"{phase}.done"
+        if done.exists():
+            return read_records(run_dir, phase, world_size)
+        records = run()
+        done.touch()
+        return records
+
+
 class Runner:
     """Runs scenarios, sharing one uninterrupted run among scenarios with the same data setup and one
-    stopped run among resumes of the same scenario on different world sizes."""
+    stopped run among resumes of the same scenario on different world sizes: across the pytest-xdist workers
+    of a session too (they share ``root``; each phase runs once, under its directory's lock)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -455,7 +479,9 @@ class Runner:
         key = scenario.data_key()
         if key not in self._full:
             run_dir = self.root / ("full-" + key.label())
-            self._full[key] = run_phase(key, "full", run_dir, run_dir / "unused.ckpt")
+            self._full[key] = run_once(
+                run_dir, "full", key.world_size, lambda: run_phase(key, "full", run_dir, run_dir / "unused.ckpt")
+            )
         return self._full[key]
 
     def full_validations(self, scenario: Scenario) -> Records:
@@ -468,7 +494,9 @@ class Runner:
         key = scenario.stop_key()
         if key not in self._stopped:
             run_dir = self.root / key.label()
-            self._stopped[key] = run_phase(key, "stop", run_dir, self.checkpoint(key))
+            self._stopped[key] = run_once(
+                run_dir, "stop", key.world_size, lambda: run_phase(key, "stop", run_dir, self.checkpoint(key))
+            )
         return self._stopped[key]
 
     def _phase_dirs(self, scenario: Scenario) -> tuple[tuple[Path, str], tuple[Path, str], tuple[Path, str]]:
@@ -504,8 +532,13 @@ class Runner:
             self.stopped(scenario)
             run_dir = self.root / scenario.label()
             phase = f"resume-on-{scenario.resume_world_size or scenario.world_size}-attempt{attempt}"
-            self._resumed[scenario, attempt] = run_phase(
-                scenario, phase, run_dir, self.checkpoint(scenario), scenario.resume_world_size, expect_failure
+            self._resumed[scenario, attempt] = run_once(
+                run_dir,
+                phase,
+                scenario.resume_world_size or scenario.world_size,
+                lambda: run_phase(
+                    scenario, phase, run_dir, self.checkpoint(scenario), scenario.resume_world_size, expect_failure
+                ),
             )
         return self._resumed[scenario, attempt]
 
