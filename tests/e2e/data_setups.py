@@ -93,6 +93,7 @@ SETUPS = {
         MapStyle(),
         Stream("stream", own_loader=True),
         Stream("hf", own_loader=True),  # a Hugging Face IterableDataset
+        Stream("hf-arrow", own_loader=True),  # the same read as Arrow tables: no map, torch-formatted
         Stream("wds", own_loader=True),  # a WebDataset pipeline over tar shards
         Stream("mosaic", own_loader=True),
         Stream("litdata"),

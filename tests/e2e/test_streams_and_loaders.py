@@ -37,6 +37,12 @@ STREAMS = [
             (2, "StatefulDataLoader", "last_batch"),
         )
     ),
+    # Read as Arrow tables (issue 55's throughput): a torch-formatted stream with no map, augmented in its collate;
+    # stopped in a worker's second window of 8 (batches of 4), which a restore enters from its readers' positions.
+    Scenario(world_size=2, num_workers=2, data="hf-arrow", shuffle_buffer=8, stop_batch_override=4),
+    Scenario(
+        world_size=2, num_workers=0, data="hf-arrow", shuffle_buffer=8, stop_kind="in_step", stop_batch_override=3
+    ),
     # 3 batches an epoch (batch 8): no validation after the last (val_check_interval=2), where a resume numbered
     # the next epoch's batches from 3 (Lightning cannot count an unsized loader's epoch to its end).
     Scenario(world_size=2, num_workers=0, loader="DataLoader", data="stream", stop_kind="last_batch", batch_size=8),
@@ -75,6 +81,7 @@ def test_a_stream_resumes_exactly(runner: Runner, scenario: Scenario) -> None:
 PERSISTENT = [
     Scenario(world_size=2, num_workers=2, data="stream", persistent_workers=True),
     Scenario(world_size=2, num_workers=2, data="hf", shuffle_buffer=8, persistent_workers=True),
+    Scenario(world_size=2, num_workers=2, data="hf-arrow", shuffle_buffer=8, persistent_workers=True),
 ]
 
 

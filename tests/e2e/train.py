@@ -208,6 +208,25 @@ def hf_augment(example: dict[str, Any]) -> dict[str, Any]:
     return {"id": int(sample_id), "x": values.tolist()}
 
 
+def hf_arrow_stream(size: int, rank: int, world_size: int, shuffle_buffer: int) -> Any:
+    """A Hugging Face stream whose chain reads Arrow tables and draws nothing (the library reads its windows as
+    Arrow): 8 shards of a ``Dataset``'s rows, shuffled, torch-formatted and split by node; augmented in the collate
+    (`hf_arrow_collate`)."""
+    from datasets import Dataset
+    from datasets.distributed import split_dataset_by_node
+
+    stream = Dataset.from_dict({"id": list(range(size))}).to_iterable_dataset(num_shards=8)
+    stream = stream.shuffle(seed=7, buffer_size=shuffle_buffer).with_format("torch")
+    return split_dataset_by_node(stream, rank=rank, world_size=world_size)
+
+
+def hf_arrow_collate(rows: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row augmented here, after the batch's last sample was read: drawn from the generators that sample's
+    seed left (in a worker, or in the rank with none)."""
+    ids, values = zip(*(augmented(int(row["id"])) for row in rows), strict=True)
+    return torch.stack(ids), torch.stack(values)
+
+
 def hf_stream(size: int, rank: int, world_size: int, shuffle_buffer: int = 0) -> Any:
     """A Hugging Face ``datasets.IterableDataset`` from a generator over 8 local shards, augmented in
     ``map`` and split by node; nothing comes from the hub."""
@@ -972,6 +991,11 @@ class PlainData(L.LightningDataModule):
                 hf_stream(STREAM_SIZE, rank, world_size, self.config.get("shuffle_buffer", 0)),
                 hf_collate,
             )
+        elif data == "hf-arrow":
+            stream, collate = (
+                hf_arrow_stream(STREAM_SIZE, rank, world_size, self.config.get("shuffle_buffer") or 8),
+                hf_arrow_collate,
+            )
         elif data == "wds":
             root, form = Path(self.config["out_dir"]).parent, self.config.get("wds_form", "")
             buffer, size = self.config.get("shuffle_buffer") or 1, self.config["batch_size"]
@@ -1017,6 +1041,7 @@ TRAIN_LOADERS: dict[str, Callable[[PlainData], Any]] = {
     "map": PlainData.map_loader,
     "stream": lambda data: data.stream_loader("stream"),
     "hf": lambda data: data.stream_loader("hf"),
+    "hf-arrow": lambda data: data.stream_loader("hf-arrow"),
     "wds": lambda data: data.stream_loader("wds"),
     "mosaic": PlainData.mosaic_loader,
     "litdata": lambda data: data.litdata_loader(combined=False),

@@ -29,7 +29,14 @@ from lightning_resumable.core.order import EpochOrder
 from lightning_resumable.errors import IncompatibleStateError
 from lightning_resumable.format._keys import Domain, domain_key
 
-__all__ = ["INTERLEAVED_SOURCES", "SequentialSource", "fresh_place", "read_shuffled", "window_order"]
+__all__ = [
+    "INTERLEAVED_SOURCES",
+    "SequentialSource",
+    "fresh_place",
+    "read_shuffled",
+    "shuffled_windows",
+    "window_order",
+]
 
 INTERLEAVED_SOURCES = 4
 """Groups of shards a worker reads side by side: neighbours share a shard about 1/4 of the time."""
@@ -90,6 +97,30 @@ def read_shuffled(
     Raises:
         IncompatibleStateError: ``place`` was taken over another number of sources.
     """
+    for ordered, skip, after in shuffled_windows(sources, size, key, place, seed_reads, read_key):
+        for number in range(skip, len(ordered)):
+            if number + 1 == len(ordered):
+                place.update(after)  # at a window's end: a restore reads nothing again
+            else:
+                place["yielded"] = number + 1
+            yield ordered[number]
+
+
+def shuffled_windows(
+    sources: Sequence[SequentialSource],
+    size: int,
+    key: int,
+    place: MutableMapping[str, Any],
+    seed_reads: bool = True,
+    read_key: int | None = None,
+) -> Iterator[tuple[list[Any], int, dict[str, Any]]]:
+    """`read_shuffled`'s windows from ``place`` on, whole: each window's samples in the order they are yielded, how
+    many of them ``place`` had yielded already (inside its first window), and the place after the window (``place``
+    is read, not updated: its caller updates it as it hands the samples out).
+
+    Raises:
+        IncompatibleStateError: ``place`` was taken over another number of sources.
+    """
     if is_fresh(place):  # a pass's start, whatever the count it was taken over (a worker yet to read)
         place.update(fresh_place(len(sources)))
     if len(place["sources"]) != len(sources):
@@ -137,10 +168,5 @@ def read_shuffled(
             "ended": tuple(ended),
         }
         order = window_order(key, window, len(samples))
-        for number in range(skip, len(samples)):
-            if number + 1 == len(samples):
-                place.update(after)  # at a window's end: a restore reads nothing again
-            else:
-                place["yielded"] = number + 1
-            yield samples[order[number]]
+        yield [samples[index] for index in order], skip, after
         skip, window = 0, window + 1

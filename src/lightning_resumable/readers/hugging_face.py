@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["shuffle_buffer_size", "split_by_examples", "take_over_buffers"]
+__all__ = ["read_as_saved", "shuffle_buffer_size", "split_by_examples", "take_over_buffers"]
 
 
 def shuffle_buffer_size(dataset: object) -> int | None:
@@ -61,3 +61,14 @@ def take_over_buffers(dataset: object, seed: int, rank: int, seed_reads: bool) -
     taken._ex_iterable = replace_buffers(dataset._ex_iterable, seed, rank, seed_reads, order_rank)  # type: ignore[attr-defined]
     taken._prepare_ex_iterable_for_iteration()  # type: ignore[attr-defined]  # its state before a pass, as datasets' constructor sets it
     return taken
+
+
+def read_as_saved(dataset: object, state: object) -> None:
+    """Before a restore of ``dataset`` (a stream) from ``state``: a Hugging Face stream's windows read their shards as
+    the checkpoint's run read them, as Arrow tables or example by example
+    (`lightning_resumable.readers.hf_windows.read_as_saved`); any other stream is left as it is."""
+    if type(dataset).__module__.split(".")[0] != "datasets" or not hasattr(dataset, "_ex_iterable"):
+        return
+    from lightning_resumable.readers.hf_windows import read_as_saved as windows_read_as_saved
+
+    windows_read_as_saved(dataset, state)

@@ -48,7 +48,7 @@ from lightning_resumable.internals._torchdata import (
     torchdata_version,
 )
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
-from lightning_resumable.readers.hugging_face import take_over_buffers
+from lightning_resumable.readers.hugging_face import read_as_saved, take_over_buffers
 from lightning_resumable.readers.recording import PassRecord
 from lightning_resumable.readers.settings import TORCH_SETTINGS, forwarded_settings
 from lightning_resumable.readers.workers import (
@@ -164,6 +164,7 @@ class SeededStream(IterableDataset[Any]):
         return {"stream": self.dataset.state_dict(), "yielded": self._yielded}  # type: ignore[attr-defined]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        read_as_saved(self.dataset, state["stream"])  # a Hugging Face stream's windows read as the saved run read them
         self.dataset.load_state_dict(state["stream"])  # type: ignore[attr-defined]
         self._restored = copy.deepcopy(dict(state))
 
@@ -341,10 +342,9 @@ def make_stream_resumable(
         seed_globals=seed_samples,
         restore_globals=restore_globals,
     )
-    made = StreamLoader(
+    return StreamLoader(
         stream,
         snapshot_every_n_steps=1,  # every worker's state with every batch: a restore replays nothing
         epoch_source=epoch_source,
         **forwarded_settings(loader, _STREAM_SETTINGS),
     )
-    return made
