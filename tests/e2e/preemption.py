@@ -140,11 +140,15 @@ def resume_and_compare(full: Records, run: Path, scenario: Scenario, position: t
 EXIT_BOUND_S = float(os.environ.get("E2E_PREEMPTION_EXIT_BOUND_S", "20"))
 """From the signal to the last process of the run gone: a few seconds (Lightning's teardown, the save, the
 workers' shutdown, the interpreter's exit) and one batch, on 2 busy cores."""
-SPAWN_EXIT_BOUND_S = 2 * EXIT_BOUND_S
+CPU_SHARES = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+"""The pytest processes that share the machine's cores (pytest-xdist's workers, as CI runs them; 1 without)."""
+SPAWN_EXIT_BOUND_S = 2 * EXIT_BOUND_S * CPU_SHARES
 """The same for workers started by spawn: a worker still starting when its loader shuts it down (Lightning starts
 the train loader's before the train start, where a signal held since setup ends the fit) is waited for until it
-has imported torch and Lightning anew, its own and its rank's peers' on the same 2 cores (docs/operating.md)."""
-HANG_AFTER_SIGNAL_S = 60.0
+has imported torch and Lightning anew, its own and its rank's peers' on the same 2 cores (docs/operating.md): CPU
+time, so with another test's runs on those cores, its share of them (soak seeds 289129377 and 630113956 under
+``-n 2``: 4 spawned workers a rank, ended 41.7 s and 56.9 s after the signal)."""
+HANG_AFTER_SIGNAL_S = max(60.0, SPAWN_EXIT_BOUND_S + 20)
 """A run with a process left this long after its signal hangs: its stacks are printed and it is killed."""
 PREEMPTION_WHENS = ("setup", "sanity", "train_start", "step", "batch", "validation", "save", "workers_start")
 """Where `train.Preempt` sends its signal: in the callback's ``setup`` (before the restore), in the sanity check,
