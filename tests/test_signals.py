@@ -181,6 +181,43 @@ def test_a_process_whose_holder_has_gone_ends_on_the_signal(holding: DeferredSig
             os.kill(grandchild, signal.SIGKILL)
 
 
+def test_a_process_whose_parent_ended_before_its_fork_hook_ran_ends_on_the_signal(holding: DeferredSignals) -> None:
+    """A child whose parent ended before the child's at-fork hook ran saw init as its parent there, and left the
+    signals to init, the holder still holding: it ignored SIGTERM (CI, the oldest versions' step under ``-n 2``:
+    `test_a_process_whose_holder_has_gone_ends_on_the_signal` 1 run). Here the grandchild runs its hook again once
+    orphaned, as a hook that came late would."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover  (the child: forks its own child, says its pid, and goes)
+
+        def hook_when_orphaned(say: Callable[[bytes], None]) -> None:
+            while os.getppid() == parent:
+                signal.sigtimedwait([], 0.001)
+            worker_signals._in_forked_child()
+            os.write(write_end, b"h")
+
+        parent = os.getpid()
+        grandchild, _ = forked(hook_when_orphaned)
+        os.write(write_end, f"{grandchild:>10}".encode())
+        os._exit(0)
+    os.close(write_end)
+    grandchild = int(os.read(read_end, 10))
+    try:
+        assert ended_by(child) == 0
+        assert os.read(read_end, 1) == b"h"
+        scheduler_signals(grandchild)
+        for _ in range(1000):  # not this process's child: poll /proc until it has ended (delivery is asynchronous)
+            stat = Path(f"/proc/{grandchild}/stat")
+            if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                break
+            signal.sigtimedwait([], 0.01)
+        else:
+            raise AssertionError("the orphaned process ignored SIGTERM")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(grandchild, signal.SIGKILL)
+
+
 def torch_worker(say: Callable[[bytes], None]) -> None:
     """In the child: start as torch's ``_worker_loop`` does (its own SIGTERM handler first, from a frame
     whose ``done_event`` is the loader's), then say when the held SIGTERM was left to the holder; ``d`` on

@@ -121,6 +121,9 @@ _hook_installed = False
 _arranged_in = 0
 """The pid of the process whose held signals are already left to its holder (a forked worker, by the at-fork
 hook, before its worker loop does it again)."""
+_forking = 0
+"""The pid of the process that forks, taken before the fork: a child's parent, even where the parent has ended
+before the child's at-fork hook runs (its ``getppid()`` is then init's)."""
 
 
 def _make_record() -> None:
@@ -153,7 +156,7 @@ def leave_signals_to_this_process(signums: Iterable[int]) -> str:
     _held = tuple(sorted(set(signums)))
     _holding[0] = 1
     if not _hook_installed:
-        os.register_at_fork(after_in_child=_in_forked_child)
+        os.register_at_fork(before=_before_fork, after_in_child=_in_forked_child)
         _hook_installed = True
     return _holding_path
 
@@ -207,12 +210,18 @@ class LeftToHolder:
         os.kill(os.getpid(), signum)
 
 
+def _before_fork() -> None:
+    global _forking
+    _forking = os.getpid()
+
+
 def _in_forked_child() -> None:
-    """``os.register_at_fork``'s ``after_in_child``: a process forked while its parent holds leaves them to it."""
+    """``os.register_at_fork``'s ``after_in_child``: a process forked while its parent holds leaves them to it (its
+    parent by the pid taken before the fork: one that ended first leaves this one to end on the signal)."""
     global _arranged_in
     if _holding is None or not _holding[0] or not _held:
         return
-    handler = LeftToHolder(_holding, os.getppid(), _held)
+    handler = LeftToHolder(_holding, _forking or os.getppid(), _held)
     handler.install()
     after_worker_signal_setup(handler.worker_started)
     _arranged_in = os.getpid()
