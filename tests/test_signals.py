@@ -154,6 +154,16 @@ def test_a_forked_process_leaves_the_signals_to_its_holder_until_it_stops_holdin
     assert ended_by(child) == signal.SIGTERM
 
 
+def assert_ends_soon(pid: int) -> None:
+    """``pid`` (not this process's child) ends within 10 s: /proc polled, since a signal's delivery is asynchronous."""
+    for _ in range(1000):
+        stat = Path(f"/proc/{pid}/stat")
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return
+        signal.sigtimedwait([], 0.01)
+    raise AssertionError("the orphaned process ignored SIGTERM")
+
+
 def test_a_process_whose_holder_has_gone_ends_on_the_signal(holding: DeferredSignals) -> None:
     """A worker whose parent was killed is not the parent's to keep alive: its grandchild here, forked while the
     child held nothing of its own but inherited the hold, is orphaned, then signalled."""
@@ -169,13 +179,7 @@ def test_a_process_whose_holder_has_gone_ends_on_the_signal(holding: DeferredSig
     try:
         assert ended_by(child) == 0
         scheduler_signals(grandchild)
-        for _ in range(1000):  # not this process's child: poll /proc until it has ended (delivery is asynchronous)
-            stat = Path(f"/proc/{grandchild}/stat")
-            if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                break
-            signal.sigtimedwait([], 0.01)
-        else:
-            raise AssertionError("the orphaned process ignored SIGTERM")
+        assert_ends_soon(grandchild)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(grandchild, signal.SIGKILL)
@@ -206,13 +210,7 @@ def test_a_process_whose_parent_ended_before_its_fork_hook_ran_ends_on_the_signa
         assert ended_by(child) == 0
         assert os.read(read_end, 1) == b"h"
         scheduler_signals(grandchild)
-        for _ in range(1000):  # not this process's child: poll /proc until it has ended (delivery is asynchronous)
-            stat = Path(f"/proc/{grandchild}/stat")
-            if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                break
-            signal.sigtimedwait([], 0.01)
-        else:
-            raise AssertionError("the orphaned process ignored SIGTERM")
+        assert_ends_soon(grandchild)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(grandchild, signal.SIGKILL)
