@@ -33,8 +33,8 @@ import threading
 import time
 import types
 import warnings
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -461,7 +461,8 @@ def sharded_source(root: Path, name: str) -> Any:
     kind = SHARDED_SOURCES[name][1]
     directory = str(root / SHARDED_DIR / name)
     if kind == "mosaic":
-        return augmenting_subclass("MosaicAugmented")(local=directory, shuffle=False, batch_size=1)
+        with one_mosaic_registration_at_a_time():
+            return augmenting_subclass("MosaicAugmented")(local=directory, shuffle=False, batch_size=1)
     from litdata import TokensLoader
 
     loader = {"item_loader": TokensLoader(block_size=TOKEN_BLOCK)} if kind == "tokens" else {}
@@ -500,24 +501,78 @@ def import_streaming() -> Any:
     return streaming
 
 
-def clean_mosaic_memory() -> None:
-    """Remove every shared-memory block and lock file MosaicML Streaming left on this machine, at the start
-    of a test session that uses it, before any of its datasets exists.
+MOSAIC_NAMES = re.compile(
+    r"^\d{6}_(locals|barrier|next_epoch|cache_usage|shard_states|shard_access_times|resume|epoch_\w+)$"
+)
+"""The shared-memory blocks MosaicML Streaming makes, by prefix (``/dev/shm/000000_locals``, ...)."""
+MOSAIC_LOCKS = re.compile(r"^\d{6}_(barrier|cache)_filelock$")
+"""Its lock files, in the temporary folder."""
 
-    A run that ends without Mosaic's exit handlers (a stopped or killed run, as a crash) leaves them,
-    and Mosaic's own ``clean_stale_shared_memory`` stops at the first free prefix: the blocks left
-    past a gap made a later dataset fail with ``FileExistsError`` (seen here).
+
+@contextmanager
+def one_mosaic_registration_at_a_time() -> Iterator[None]:
+    """Make MosaicML Streaming datasets inside this: no other run on this machine makes one meanwhile.
+
+    Mosaic takes the first shared-memory prefix no block holds, then registers it (its ranks agree on it
+    across two barriers): two runs doing so at once (a pytest-xdist worker each) can take the same prefix.
+    Every rank enters; rank 0 holds a machine-wide lock, the others wait at a barrier, so no rank blocks on
+    the lock inside Mosaic's barriers.
+    """
+    import fcntl
+    import tempfile
+
+    import torch.distributed as dist
+
+    spread = dist.is_available() and dist.is_initialized()
+    holder = not spread or dist.get_rank() == 0
+    with open(Path(tempfile.gettempdir()) / "lightning-resumable-tests-mosaic.lock", "a") as lock:
+        if holder:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if spread:
+                dist.barrier()
+            yield
+            if spread:
+                dist.barrier()
+        finally:
+            if holder:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _files_open_on_this_machine() -> set[str]:
+    """Every path a live process has open or mapped (``/proc``); a process that ends meanwhile is skipped."""
+    held: set[str] = set()
+    for process in Path("/proc").glob("[0-9]*"):
+        try:
+            for descriptor in (process / "fd").iterdir():
+                held.add(os.readlink(descriptor))
+            for line in (process / "maps").read_text().splitlines():
+                if "/" in line:
+                    held.add(line[line.index("/") :])
+        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+            continue
+    return held
+
+
+def clean_mosaic_memory() -> None:
+    """Remove the shared-memory blocks and lock files MosaicML Streaming left on this machine that no live
+    process holds, at the start of a test module that uses it.
+
+    A run that ends without Mosaic's exit handlers (a stopped or killed run, as a crash) leaves them, and
+    Mosaic's own ``clean_stale_shared_memory`` stops at the first free prefix: the blocks left past a gap
+    made a later dataset fail with ``FileExistsError`` (seen here). A block a process holds is another
+    run's, live (a test on the other pytest-xdist worker): removing it made that run's workers fail
+    (CI, the data libraries' preemption matrix, seed 7). Under `one_mosaic_registration_at_a_time`, so no
+    run is between taking a prefix and holding its blocks.
     """
     import tempfile
 
-    names = re.compile(
-        r"^\d{6}_(locals|barrier|next_epoch|cache_usage|shard_states|shard_access_times|resume|epoch_\w+)$"
-    )
-    locks = re.compile(r"^\d{6}_(barrier|cache)_filelock$")
-    for directory, pattern in ((Path("/dev/shm"), names), (Path(tempfile.gettempdir()), locks)):
-        for path in directory.glob("[0-9]*_*") if directory.is_dir() else ():
-            if pattern.match(path.name):
-                path.unlink(missing_ok=True)
+    with one_mosaic_registration_at_a_time():
+        held = _files_open_on_this_machine()
+        for directory, pattern in ((Path("/dev/shm"), MOSAIC_NAMES), (Path(tempfile.gettempdir()), MOSAIC_LOCKS)):
+            for path in directory.glob("[0-9]*_*") if directory.is_dir() else ():
+                if pattern.match(path.name) and str(path) not in held:
+                    path.unlink(missing_ok=True)
 
 
 MOSAIC_DIR = "mosaic-shards"
@@ -539,7 +594,8 @@ def mosaic_stream(directory: Path, batch_size: int) -> Any:
     """A MosaicML Streaming ``StreamingDataset`` over the shards in ``directory``, shuffled, each sample
     augmented in ``__getitem__`` (Mosaic's documented way to transform), as a user's subclass does."""
     augmenting = augmenting_subclass("MosaicAugmented")
-    return augmenting(local=str(directory), shuffle=True, shuffle_seed=7, batch_size=batch_size)
+    with one_mosaic_registration_at_a_time():
+        return augmenting(local=str(directory), shuffle=True, shuffle_seed=7, batch_size=batch_size)
 
 
 def hf_collate(rows: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
