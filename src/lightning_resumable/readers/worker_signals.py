@@ -40,6 +40,7 @@ __all__ = [
     "DeferredSignals",
     "Handler",
     "LeftToHolder",
+    "forked_by_server",
     "leave_signals_in_this_worker",
     "leave_signals_to_this_process",
     "map_record",
@@ -126,10 +127,38 @@ _forking = 0
 before the child's at-fork hook runs (its ``getppid()`` is then init's)."""
 
 
+def _record_prefix() -> str:
+    """A holder's records are named by its pid namespace and pid, so a holder can tell the records of the
+    holders that ended (`_remove_ended_holders_records`) from those of processes another namespace runs."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"lightning-resumable-holder-{namespace}-"
+
+
+def _remove_ended_holders_records(folder: str, prefix: str) -> None:
+    """Remove the records of this namespace's holders that ended without their exit handlers (killed, as a
+    scheduler kills after its grace period): a page of shared memory each, left otherwise until a reboot."""
+    for name in os.listdir(folder):
+        pid = name[len(prefix) :].split("-", 1)[0]
+        if not (name.startswith(prefix) and pid.isdigit()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):  # another holder removed it first, or not ours to remove
+                os.unlink(os.path.join(folder, name))
+        except OSError:  # alive (another user's)
+            continue
+
+
 def _make_record() -> None:
     global _holding, _holding_path, _holder
     folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-    descriptor, _holding_path = tempfile.mkstemp(prefix=f"lightning-resumable-holder-{os.getpid()}-", dir=folder)
+    prefix = _record_prefix()
+    _remove_ended_holders_records(folder, prefix)
+    descriptor, _holding_path = tempfile.mkstemp(prefix=f"{prefix}{os.getpid()}-", dir=folder)
     try:
         os.write(descriptor, b"\0")
         _holding = mmap.mmap(descriptor, 1)  # shared: every process that maps the file sees its changes
@@ -233,14 +262,30 @@ def map_record(path: str) -> mmap.mmap:
         return mmap.mmap(record.fileno(), 1, prot=mmap.PROT_READ)
 
 
-def leave_signals_in_this_worker(path: str, signums: tuple[int, ...]) -> bool:
-    """In a loader worker its holder started, before its worker loop: leave ``signums`` to the holder whose
-    record is at ``path`` (nothing to do in a forked worker, which did it as it was forked). The signals a
-    worker started by spawn was started with blocked are unblocked once torch's handlers are replaced. Whether
-    the worker was forked by its holder."""
+def forked_by_server(server: int) -> None:
+    """In a process a forkserver forked (`lightning_resumable.readers.forkserver_signals`): its parent is
+    ``server``, whose life is its holder's."""
+    global _server_forked
+    _server_forked = (os.getpid(), server)
+
+
+_server_forked = (0, 0)
+"""(A process a forkserver forked, that server's pid), set by `forked_by_server`."""
+
+
+def leave_signals_in_this_worker(path: str, signums: tuple[int, ...], holder: int) -> bool:
+    """In a loader worker its holder (pid ``holder``) started, before its worker loop: leave ``signums`` to the
+    holder whose record is at ``path`` (nothing to do in a forked worker, which did it as it was forked). The
+    signals a worker started by spawn was started with blocked are unblocked once torch's handlers are replaced.
+    Whether the worker was forked by its holder.
+
+    Its parent is the holder (spawn) or the holder's forkserver, by the pid handed to it, never ``getppid()``
+    here: a worker whose parent ended before this runs would take init for its parent, and leave the signals
+    to it (the record still says the holder holds) instead of ending on them."""
     if _arranged_in == os.getpid():
         return True
-    handler = LeftToHolder(map_record(path), os.getppid(), signums)
+    process, server = _server_forked
+    handler = LeftToHolder(map_record(path), server if process == os.getpid() else holder, signums)
     handler.install()
     after_worker_signal_setup(handler.worker_started, unblock=signums)
     return False

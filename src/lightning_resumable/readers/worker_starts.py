@@ -61,7 +61,7 @@ __all__ = [
 
 FORKSERVER_MODULE = "lightning_resumable.readers.forkserver_signals"
 HOLDER_VARIABLE = "LIGHTNING_RESUMABLE_SIGNAL_HOLDER"
-"""Set while the rank starts its forkserver: ``<record path>:<signal>,<signal>...``."""
+"""Set while the rank starts its forkserver: ``<rank's pid>:<record path>:<signal>,<signal>...``."""
 
 
 def start_method(loader: DataLoader[Any]) -> str:
@@ -95,13 +95,14 @@ def refuse_unpicklable(loader: DataLoader[Any], which: str) -> None:
 
 
 class LeavingWorkerLoop:
-    """A loader worker's target while its rank holds: leaves ``signums`` to the rank, then runs ``loop``."""
+    """A loader worker's target while its rank (pid ``holder``) holds: leaves ``signums`` to the rank, then runs
+    ``loop``."""
 
-    def __init__(self, loop: Callable[..., Any], record: str, signums: tuple[int, ...]) -> None:
-        self.loop, self.record, self.signums = loop, record, signums
+    def __init__(self, loop: Callable[..., Any], record: str, signums: tuple[int, ...], holder: int) -> None:
+        self.loop, self.record, self.signums, self.holder = loop, record, signums, holder
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        forked = leave_signals_in_this_worker(self.record, self.signums)
+        forked = leave_signals_in_this_worker(self.record, self.signums, self.holder)
         try:
             ended = self.loop(*args, **kwargs)
         finally:
@@ -116,8 +117,8 @@ class LeavingWorkerLoop:
     def __reduce__(self) -> tuple[Any, ...]:
         module, name = getattr(self.loop, "__module__", None), getattr(self.loop, "__qualname__", None)
         if module and name and _named(module, name) is not self.loop:  # its name is this object's on the rank
-            return _leaving_worker_loop, (module, name, self.record, self.signums)
-        return LeavingWorkerLoop, (self.loop, self.record, self.signums)  # pickled as itself (a partial, a class)
+            return _leaving_worker_loop, (module, name, self.record, self.signums, self.holder)
+        return LeavingWorkerLoop, (self.loop, self.record, self.signums, self.holder)  # as itself (a partial, a class)
 
 
 def _named(module: str, name: str) -> Any:
@@ -127,9 +128,11 @@ def _named(module: str, name: str) -> Any:
     return found
 
 
-def _leaving_worker_loop(module: str, name: str, record: str, signums: tuple[int, ...]) -> LeavingWorkerLoop:
+def _leaving_worker_loop(
+    module: str, name: str, record: str, signums: tuple[int, ...], holder: int
+) -> LeavingWorkerLoop:
     """In a worker not forked: its loop is what its name holds there (the rank's replacement is not there)."""
-    return LeavingWorkerLoop(_named(module, name), record, signums)
+    return LeavingWorkerLoop(_named(module, name), record, signums, holder)
 
 
 _stop: list[Callable[[], None]] = []
@@ -141,7 +144,7 @@ def leave_signals_to_workers(record: str, signums: tuple[int, ...]) -> None:
     """From now until `stop_leaving_signals_to_workers`, every torch loader worker started leaves ``signums``
     to this process (whose record of holding is at ``record``), whatever its start method."""
     stop_leaving_signals_to_workers()
-    holder = f"{record}:{','.join(str(signum) for signum in signums)}"
+    holder = f"{os.getpid()}:{record}:{','.join(str(signum) for signum in signums)}"
 
     @contextlib.contextmanager
     def starting_workers(loader: DataLoader[Any]) -> Iterator[None]:
@@ -158,7 +161,8 @@ def leave_signals_to_workers(record: str, signums: tuple[int, ...]) -> None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     _stop.append(protect_resource_tracker(signums))
-    _stop.append(replace_worker_loops(lambda loop: LeavingWorkerLoop(loop, record, signums)))
+    rank = os.getpid()
+    _stop.append(replace_worker_loops(lambda loop: LeavingWorkerLoop(loop, record, signums, rank)))
     _stop.append(guard_worker_starts(starting_workers))
 
 
