@@ -9,6 +9,7 @@ digest the checkpoint recorded. One `PassRecord` per loader, shared by every rea
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from types import MethodType
@@ -29,8 +30,10 @@ class PassRecord:
 
     Args:
         name: the loader, as errors name it.
-        state: the loader's state now (a fresh copy), or ``None`` when the state is computed from the
-            count alone (MosaicML Streaming's global sample count).
+        state: the loader's state now, or ``None`` when the state is computed from the count alone (MosaicML
+            Streaming's global sample count). Taken before every batch, so its cost is each batch's: it must
+            share nothing that changes as the loader reads on, and need not be a copy where nothing is shared
+            (a copy is handed out by `state_after`).
         state_at_end: take the state again when the pass runs out (torchdata's marks it finished).
     """
 
@@ -163,14 +166,14 @@ class PassRecord:
         """
         assert self._state is not None, "a loader whose state is computed from the count"
         if batches in self._states:
-            return self._states[batches]
+            return copy.deepcopy(self._states[batches])  # a copy handed out: the record's stays as it was taken
         if self._pending is not None and batches == self._pending[0]:  # restored, not read yet
-            return self._pending[1] if self._pending[1] is not None else self._state()
+            return copy.deepcopy(self._pending[1]) if self._pending[1] is not None else self._state()
         if batches == self.batches:  # no look-ahead (a sized stream, or the first batch)
             if self._discard_at.get(batches) and self._source is not None and self._finished_at is None:
                 self._discard()  # the state after this batch is the one after the skipped data
                 if batches in self._states:
-                    return self._states[batches]
+                    return copy.deepcopy(self._states[batches])
             return self._state()
         raise StreamPositionError(
             f"the trainer has completed {batches} batches of this epoch but {self.name} has yielded"
