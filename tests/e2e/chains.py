@@ -38,9 +38,11 @@ CHAINS_OF_CI_SEEDS = (3, 5, 8, 16, 20, 496079945, 558353263, 685662175)
 """The `CI_SEEDS` whose chains CI runs (every seed's case runs): each caught a mutation as a chain
 (`mutations.py`: a skipped validation, 3, 5, 16, 20 and 558353263) or failed when first drawn; the other
 chains add little and CI's time is bounded (25-30 minutes on 2 cores)."""
-CASE_SEEDS = (19, 22, 917980412, 73)
+CASE_SEEDS = (19, 22, 917980412, 73, 1574, 1117)
 """Cases CI runs besides `CI_SEEDS`: 19 resumes on another world size; 22 limits an epoch's batches
-(``limit_train_batches``); 73 starts the workers by spawn as the process default (issue 54; of the `CI_SEEDS`
+(``limit_train_batches``); 1574 (a map-style loader, 4 -> 2 on 2 processes) and 1117 (a mixture, 4 -> 3) resume
+with another batch size from an epoch's last batch, and found the next epoch ended early (issue 55);
+73 starts the workers by spawn as the process default (issue 54; of the `CI_SEEDS`
 cases, 8 draws forkserver as the default, the others fork: `matrix.FORK_IN_CI`; chain 1390 gives forkserver to the
 loaders).
 (CI seed 2, drawn anew with a shuffled validation loader on one process, found that a

@@ -149,9 +149,26 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
     kept = random.Random(seed * 7561 + 55).random() < 0.3 and seed not in PERSISTENT_AFTER
     if kept and scenario.data in ("map", "hf", "wds", "stream") and scenario.num_workers and not scenario.wds_form:
         scenario, reference = replace(scenario, persistent_workers=True), replace(reference, persistent_workers=True)
+    # Issue 55: another batch size at the resume (a ramp, or a batch that fits another GPU) for a map-style loader (on
+    # the same or another world size) and a mixture whose schedule stays; salted, and not for the seeds CI ran
+    # before it (`RESIZED_AFTER`), which keep their cases.
+    resized = random.Random(seed * 7561 + 5502)
+    mixture = scenario.data == "mixture" and not (scenario.resume_mixture_weights or scenario.online_mixing)
+    mixture = mixture and scenario.resume_world_size is None
+    if (
+        resized.random() < 0.3
+        and seed not in RESIZED_AFTER
+        and (mixture or (elastic and not scenario.limit_train_batches))
+    ):
+        new_size = resized.choice(tuple(size for size in (2, 3, 6, 8) if size != scenario.batch_size))
+        scenario = replace(scenario, resume_batch_size=new_size)
+        reference = replace(reference, resume_batch_size=new_size)
     method = _start_method(seed, scenario)
     return replace(scenario, start_method=method), replace(reference, start_method=method)
 
+
+RESIZED_AFTER = frozenset({*CI_SEEDS, 19, 22, 917980412, 73})
+"""The workflow cases CI ran before batch sizes were drawn (`CI_SEEDS`, `chains.CASE_SEEDS`): they keep their cases."""
 
 PERSISTENT_AFTER = frozenset({
     0, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 14, 16, 18, 19, 20, 21, 22, 25, 27, 33, 40, 46, 47, 49, 54, 61, 66, 73, 76,
@@ -378,6 +395,59 @@ def elastic_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
     return problems
 
 
+def global_order(records: Records, epoch: int) -> list[int]:
+    """The ids ``records`` trained in ``epoch`` in the sampler's global order: a step at a time, and in it the first
+    sample of each rank's batch, then the second of each, ... (``DistributedSampler`` deals its order round-robin)."""
+    steps: dict[int, list[list[int]]] = {}
+    for rank in sorted(records):
+        for record in records[rank]:
+            if record["epoch"] == epoch:
+                steps.setdefault(record["batch"], []).append(record["ids"])
+    order = []
+    for step in sorted(steps):
+        order += [ids[i] for i in range(max(map(len, steps[step]))) for ids in steps[step] if i < len(ids)]
+    return order
+
+
+def resized_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
+    """What docs/guarantees.md promises of a resume with another batch size (and maybe world size) for a map-style
+    loader: the interrupted epoch goes on from the checkpoint's global position in the uninterrupted run's global
+    order (padded as ``DistributedSampler`` pads on the new world size), each sample with its uninterrupted
+    augmentation; the later epochs read what a fresh run of the new layout reads. Before the stop, the run is the
+    uninterrupted one."""
+    scenario, stopped, resumed = outcome.scenario, outcome.stopped, outcome.resumed
+    assert scenario.resume_batch_size is not None
+    new_size, epoch, size = (
+        scenario.resume_world_size or scenario.world_size,
+        scenario.stop_epoch,
+        scenario.dataset_size,
+    )
+    problems = stopped_mismatches(outcome.full, stopped)
+    before, full = global_order(stopped, epoch), global_order(outcome.full, epoch)
+    interrupted = before + global_order(resumed, epoch)
+    padding = math.ceil((size - len(before)) / new_size) * new_size - (size - len(before))
+    if interrupted[:size] != full[:size] or len(interrupted) != size + padding:
+        problems.append(f"epoch {epoch}: trained {interrupted} in global order, not {full[:size]} (+{padding} padding)")
+    expected = augmentation_by_id(outcome.full, epoch=epoch)
+    for sample, values in augmentation_by_id(stopped, resumed, epoch=epoch).items():
+        if any(value != expected[sample][0] for value in values):
+            problems.append(f"epoch {epoch}: sample {sample} augmented {values}, not {expected[sample][0]}")
+            break
+    fresh = runner.full(
+        replace(
+            scenario,
+            world_size=new_size,
+            batch_size=scenario.resume_batch_size,
+            resume_world_size=None,
+            resume_num_workers=None,
+            resume_batch_size=None,
+        )
+    )
+    if data_after_epoch(resumed, epoch) != data_after_epoch(fresh, epoch):
+        problems.append(f"the epochs after {epoch} do not read what a fresh run of the new layout reads")
+    return problems
+
+
 def stopped_mismatches(full: Records, stopped: Records) -> list[str]:
     """Per rank, where the stopped run's steps differ from the uninterrupted run's first steps, in every field."""
     problems = []
@@ -499,8 +569,10 @@ def mixture_elastic_mismatches(runner: Runner, outcome: Outcome, reference: Scen
     stopped, resumed = stream_order(outcome.stopped), stream_order(outcome.resumed)
     expected = stream_order(runner.full(replace(reference, resume_world_size=None)))
     interrupted = stopped + resumed
-    if len(resumed) < outcome.scenario.batches_per_epoch * outcome.scenario.batch_size:
-        problems.append(f"the resumed run trained {len(resumed)} samples, less than an epoch")
+    scenario = outcome.scenario  # an epoch of whole global batches: of the samples in it, with another batch size
+    epoch = scenario.dataset_size if scenario.resume_batch_size else scenario.batches_per_epoch * scenario.batch_size
+    if len(resumed) < epoch:
+        problems.append(f"the resumed run trained {len(resumed)} samples, less than an epoch ({epoch})")
     for position, (got, want) in enumerate(zip(interrupted, expected, strict=False)):
         if got != want:
             problems.append(f"stream position {position}: {got}, not {want}")
@@ -517,6 +589,10 @@ def case_problems(runner: Runner, scenario: Scenario, reference: Scenario) -> li
     if scenario.wds_refused:
         return refused_problems(runner, scenario)
     outcome = Outcome(scenario, runner.full(reference), runner.stopped(scenario), runner.resumed(scenario))
+    if scenario.resume_batch_size is not None and scenario.data == "mixture":
+        return mixture_elastic_mismatches(runner, outcome, replace(reference, resume_batch_size=None))
+    if scenario.resume_batch_size is not None:
+        return resized_mismatches(runner, outcome)
     if scenario.resume_world_size is not None and scenario.data in ("mixture", *SHARDED):
         return mixture_elastic_mismatches(runner, outcome, reference)
     if scenario.resume_world_size is not None:

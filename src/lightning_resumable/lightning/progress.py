@@ -150,14 +150,16 @@ def refuse_missing_state(checkpoint: dict[str, Any], state_key: str) -> None:
 
 def ends_its_epoch_by_count(checkpoint: Mapping[str, Any], state_key: str, world_size: int) -> bool:
     """Whether Lightning's restart cannot end a checkpoint's epoch at its last batch by counting it against the
-    loader's length: another world size counts other batches, and a stream's loader may have none (its epoch
-    ends where it runs out): such a checkpoint is written as the next epoch's start
-    (`lightning_resumable.internals._loop_progress.ended_epoch_resumes_at_the_next`)."""
+    loader's length: another world size counts other batches, a stream's loader may have none (its epoch ends
+    where it runs out), and one map-style loader or a mixture may resume with another batch size, which counts
+    other batches too (not known here: the loader is built after the restore; 4 -> 2 on 2 processes numbered
+    the next epoch's batches from 5 and ended it 5 batches early): such a checkpoint is written as the next
+    epoch's start (`lightning_resumable.internals._loop_progress.ended_epoch_resumes_at_the_next`)."""
     slot = checkpoint.get("callbacks", {}).get(state_key)
     if holds_no_state(slot):
         return False
     envelope = parse(slot)
-    return envelope.world_size not in (None, world_size) or envelope.kind == "stream"
+    return envelope.world_size not in (None, world_size) or envelope.kind in ("stream", "loader", "mixture")
 
 
 def runs_before_next_step(trainer: pl.Trainer) -> bool:

@@ -27,18 +27,15 @@ import copy
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_resumable.core import randomness
 from lightning_resumable.errors import (
     IncompatibleStateError,
     UnsupportedLoaderError,
     WorkerCountChangedError,
     WorldSizeChangedError,
 )
-from lightning_resumable.format._keys import stream_key, stream_sample_seed
 from lightning_resumable.format.envelope import GLOBAL_POSITION_ATTRIBUTE, StreamState
 from lightning_resumable.internals._torchdata import (
     check_loader_state,
@@ -48,8 +45,9 @@ from lightning_resumable.internals._torchdata import (
     torchdata_version,
 )
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
-from lightning_resumable.readers.hugging_face import read_as_saved, take_over_buffers
+from lightning_resumable.readers.hugging_face import take_over_buffers
 from lightning_resumable.readers.recording import PassRecord
+from lightning_resumable.readers.seeded_stream import SeededStream
 from lightning_resumable.readers.settings import TORCH_SETTINGS, forwarded_settings
 from lightning_resumable.readers.workers import (
     forking,
@@ -66,115 +64,6 @@ __all__ = [
     "make_stream_resumable",
     "recognises",
 ]
-
-
-class SeededStream(IterableDataset[Any]):
-    """The user's stream, each sample drawn under its own seed.
-
-    Attributes it does not have are read from the wrapped stream, which is ``.dataset``. Its state is
-    the stream's and the number of samples this copy (one worker's, in a worker) has yielded in the
-    pass, which the sample seeds are keyed by.
-
-    Args:
-        dataset: the user's ``IterableDataset`` with ``state_dict``/``load_state_dict``.
-        seed: the run's seed.
-        rank: this process's rank (derived, never persisted).
-        seed_globals: seed torch's, ``random``'s and NumPy's global generators before each sample.
-        restore_globals: in the main process, put the global generators back after each sample.
-    """
-
-    def __init__(
-        self,
-        dataset: IterableDataset[Any],
-        seed: int,
-        rank: int,
-        seed_globals: bool = True,
-        restore_globals: bool = True,
-    ) -> None:
-        self.dataset = dataset
-        self.seed = seed
-        self.rank = rank
-        self.seed_globals = seed_globals
-        self.restore_globals = restore_globals
-        # Shared with every worker's copy (as a Hugging Face stream shares its own): a persistent worker keeps its
-        # copy from pass to pass, and reads the epoch the main process set for each.
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
-        self._yielded = 0
-        self._restored: dict[str, Any] | None = None  # a state loaded, for the next pass
-        self._pass_restored: dict[str, Any] | None = None  # this pass's restored state, until it reads on from it
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "dataset":  # not set yet (unpickling): don't recurse
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
-
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch, and hand it to the stream (if it has ``set_epoch``) before workers copy it.
-
-        Called in the main process: a Hugging Face stream shares its epoch between worker copies, and
-        ``set_epoch`` calls from several workers at once race on it.
-        """
-        self._epoch.fill_(epoch)
-        set_epoch = getattr(self.dataset, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
-
-    def _take_the_epoch(self) -> None:
-        """In a worker kept from pass to pass: its copy of the stream was given an earlier epoch. Handed the
-        current one unless the stream shares its epoch (a Hugging Face stream's is the main process's already,
-        and its ``set_epoch`` from several workers would race)."""
-        set_epoch = getattr(self.dataset, "set_epoch", None)
-        if callable(set_epoch) and getattr(self.dataset, "epoch", None) != self.epoch:
-            set_epoch(self.epoch)
-
-    def __iter__(self) -> Iterator[Any]:
-        worker = get_worker_info()
-        if worker is not None:
-            self._take_the_epoch()
-        key = stream_key(self.seed, self.epoch, self.rank, worker.id if worker is not None else 0)
-        self._pass_restored, self._restored = self._restored, None  # a restore is the next pass's, none later
-        self._yielded = int(self._pass_restored["yielded"]) if self._pass_restored is not None else 0
-        restore = self.seed_globals and self.restore_globals and worker is None
-        source = iter(self.dataset)
-        while True:
-            seed = stream_sample_seed(key, self._yielded)
-            saved = randomness.GlobalGeneratorState() if restore else None
-            try:
-                randomness.begin_sample(seed, self.seed_globals)
-                sample = next(source)
-            except StopIteration:
-                self._pass_restored = None
-                return
-            finally:
-                randomness.end_sample()
-                if saved is not None:
-                    saved.restore()
-            self._yielded += 1
-            self._pass_restored = None  # the stream read on from it: its own state is current
-            yield sample
-
-    def state_dict(self) -> dict[str, Any]:
-        restored = self._restored if self._restored is not None else self._pass_restored
-        if restored is not None:  # restored, not read from yet: a Hugging Face stream would report the
-            return copy.deepcopy(restored)  # state it had before the load (it applies one as it reads)
-        stream = self.dataset.state_dict()  # type: ignore[attr-defined]
-        if not _hands_out_copies(self.dataset):  # a stream may hand out what it reads on with (its loader records it)
-            stream = copy.deepcopy(stream)
-        return {"stream": stream, "yielded": self._yielded}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        read_as_saved(self.dataset, state["stream"])  # a Hugging Face stream's windows read as the saved run read them
-        self.dataset.load_state_dict(state["stream"])  # type: ignore[attr-defined]
-        self._restored = copy.deepcopy(dict(state))
-
-
-def _hands_out_copies(dataset: object) -> bool:
-    """Whether ``dataset``'s ``state_dict`` returns a copy of its state: a Hugging Face ``IterableDataset``'s does."""
-    return type(dataset).__module__.split(".")[0] == "datasets"
 
 
 class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # torchdata is untyped
