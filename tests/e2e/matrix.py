@@ -569,10 +569,12 @@ def mixture_elastic_mismatches(runner: Runner, outcome: Outcome, reference: Scen
     stopped, resumed = stream_order(outcome.stopped), stream_order(outcome.resumed)
     expected = stream_order(runner.full(replace(reference, resume_world_size=None)))
     interrupted = stopped + resumed
-    scenario = outcome.scenario  # an epoch of whole global batches: of the samples in it, with another batch size
-    epoch = scenario.dataset_size if scenario.resume_batch_size else scenario.batches_per_epoch * scenario.batch_size
-    if len(resumed) < epoch:
-        problems.append(f"the resumed run trained {len(resumed)} samples, less than an epoch ({epoch})")
+    scenario, least = outcome.scenario, outcome.scenario.batches_per_epoch * outcome.scenario.batch_size
+    if scenario.resume_batch_size:  # an epoch of the samples in it, or the run's rest, less the new size's rounding
+        new_global = scenario.resume_batch_size * (scenario.resume_world_size or scenario.world_size)
+        least = min(scenario.dataset_size, len(expected) - len(stopped)) - new_global
+    if len(resumed) < least:
+        problems.append(f"the resumed run trained {len(resumed)} samples, less than {least}")
     for position, (got, want) in enumerate(zip(interrupted, expected, strict=False)):
         if got != want:
             problems.append(f"stream position {position}: {got}, not {want}")
