@@ -182,3 +182,23 @@ def test_a_refused_combined_datasets_printed_mixture_keeps_the_users_collate_fn(
         build(litdata.StreamingDataLoader(combined, batch_size=4, collate_fn=_pairs), options)
     with pytest.raises(UnsupportedLoaderError, match=r"batch_size=4, num_workers=0\)$"):  # LitData's own: not printed
         build(litdata.StreamingDataLoader(combined, batch_size=4), options)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_state_recorded_before_a_batch_is_unchanged_after_the_pass_reads_on(chunks: Path, num_workers: int) -> None:
+    """LitData's state is recorded before every batch sharing its datasets' lists of chunks and regions (copying them
+    was a quarter of the library's time a sample): the installed LitData must leave them as they were, through an
+    epoch's end and the next epoch's start."""
+    import copy
+
+    epoch = [0]
+    reader = loader(chunks, num_workers, epoch)
+    batches = iter(reader)
+    read(batches, 3)
+    recorded = reader.record._states[2]
+    taken = copy.deepcopy(recorded)
+    assert len(list(batches)) == BATCHES - 3  # to the pass's end
+    epoch[0] = 1
+    assert len(list(reader)) == BATCHES
+    assert recorded == taken
+    assert recorded["dataset"]["subsampled_files"] is not None

@@ -39,6 +39,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from lightning_resumable.core import randomness
 from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.internals._litdata import copy_of_loader_state
 from lightning_resumable.readers import mixture as mixture_reader
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.libraries import LIBRARIES, is_of
@@ -261,7 +262,8 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0)
 
     def _state(self) -> dict[str, Any]:
-        return copy.deepcopy(StreamingDataLoader.state_dict(self))
+        state: dict[str, Any] = copy_of_loader_state(StreamingDataLoader.state_dict(self))
+        return state
 
     def state_after(self, batches: int) -> dict[str, Any]:
         """LitData's state after ``batches`` batches of the epoch; after none of a fresh pass, `FRESH_PASS`: LitData
