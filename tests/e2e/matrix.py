@@ -155,11 +155,8 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
     resized = random.Random(seed * 7561 + 5502)
     mixture = scenario.data == "mixture" and not (scenario.resume_mixture_weights or scenario.online_mixing)
     mixture = mixture and scenario.resume_world_size is None
-    if (
-        resized.random() < 0.3
-        and seed not in RESIZED_AFTER
-        and (mixture or (elastic and not scenario.limit_train_batches))
-    ):
+    eligible = (mixture or elastic) and not scenario.limit_train_batches  # a limited epoch ends at another position
+    if resized.random() < 0.3 and seed not in RESIZED_AFTER and eligible:
         new_size = resized.choice(tuple(size for size in (2, 3, 6, 8) if size != scenario.batch_size))
         scenario = replace(scenario, resume_batch_size=new_size)
         reference = replace(reference, resume_batch_size=new_size)
