@@ -154,35 +154,48 @@ def test_a_forked_process_leaves_the_signals_to_its_holder_until_it_stops_holdin
     assert ended_by(child) == signal.SIGTERM
 
 
-def assert_ends_soon(pid: int) -> None:
-    """``pid`` (not this process's child) ends within 10 s: /proc polled, since a signal's delivery is asynchronous."""
-    for _ in range(1000):
-        stat = Path(f"/proc/{pid}/stat")
-        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
-            return
-        signal.sigtimedwait([], 0.01)
-    raise AssertionError("the orphaned process ignored SIGTERM")
-
-
-def test_a_process_whose_holder_has_gone_ends_on_the_signal(holding: DeferredSignals) -> None:
-    """A worker whose parent was killed is not the parent's to keep alive: its grandchild here, forked while the
-    child held nothing of its own but inherited the hold, is orphaned, then signalled."""
+def assert_an_orphan_ends_on_the_signal(once_orphaned: Callable[[int], None] | None = None) -> None:
+    """Fork a child that forks a grandchild (inheriting the hold) and ends; once orphaned, the grandchild runs
+    ``once_orphaned(the pid of the child, its parent that ended)``, if given; then it is signalled as a scheduler
+    does, and must end within 10 s (not this process's child: /proc polled, a signal's delivery is asynchronous)."""
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover  (the child: forks its own child, says its pid, and goes)
-        os.close(read_end)
-        grandchild, _ = forked(lambda say: None)
+        parent = os.getpid()
+
+        def when_orphaned(say: Callable[[bytes], None]) -> None:
+            if once_orphaned is None:
+                return
+            while os.getppid() == parent:
+                signal.sigtimedwait([], 0.001)
+            once_orphaned(parent)
+            os.write(write_end, b"h")
+
+        grandchild, _ = forked(when_orphaned)
         os.write(write_end, f"{grandchild:>10}".encode())
         os._exit(0)
     os.close(write_end)
     grandchild = int(os.read(read_end, 10))
     try:
         assert ended_by(child) == 0
+        if once_orphaned is not None:
+            assert os.read(read_end, 1) == b"h"  # (b"": it failed)
         scheduler_signals(grandchild)
-        assert_ends_soon(grandchild)
+        for _ in range(1000):
+            stat = Path(f"/proc/{grandchild}/stat")
+            if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+            signal.sigtimedwait([], 0.01)
+        raise AssertionError("the orphaned process ignored SIGTERM")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(grandchild, signal.SIGKILL)
+
+
+def test_a_process_whose_holder_has_gone_ends_on_the_signal(holding: DeferredSignals) -> None:
+    """A worker whose parent was killed is not the parent's to keep alive: its grandchild here, forked while the
+    child held nothing of its own but inherited the hold, is orphaned, then signalled."""
+    assert_an_orphan_ends_on_the_signal()
 
 
 def test_a_process_whose_parent_ended_before_its_fork_hook_ran_ends_on_the_signal(holding: DeferredSignals) -> None:
@@ -190,30 +203,7 @@ def test_a_process_whose_parent_ended_before_its_fork_hook_ran_ends_on_the_signa
     signals to init, the holder still holding: it ignored SIGTERM (CI, the oldest versions' step under ``-n 2``:
     `test_a_process_whose_holder_has_gone_ends_on_the_signal` 1 run). Here the grandchild runs its hook again once
     orphaned, as a hook that came late would."""
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover  (the child: forks its own child, says its pid, and goes)
-
-        def hook_when_orphaned(say: Callable[[bytes], None]) -> None:
-            while os.getppid() == parent:
-                signal.sigtimedwait([], 0.001)
-            worker_signals._in_forked_child()
-            os.write(write_end, b"h")
-
-        parent = os.getpid()
-        grandchild, _ = forked(hook_when_orphaned)
-        os.write(write_end, f"{grandchild:>10}".encode())
-        os._exit(0)
-    os.close(write_end)
-    grandchild = int(os.read(read_end, 10))
-    try:
-        assert ended_by(child) == 0
-        assert os.read(read_end, 1) == b"h"
-        scheduler_signals(grandchild)
-        assert_ends_soon(grandchild)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(grandchild, signal.SIGKILL)
+    assert_an_orphan_ends_on_the_signal(lambda parent: worker_signals._in_forked_child())
 
 
 def test_a_worker_not_forked_whose_holder_ended_before_its_loop_started_ends_on_the_signal(
@@ -227,31 +217,12 @@ def test_a_worker_not_forked_whose_holder_ended_before_its_loop_started_ends_on_
     removed by any process on the machine once the holder has gone)."""
     record = tmp_path / "record"
     record.write_bytes(b"\1")
-    read_end, write_end = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover  (the child: the holder, starts its "worker", and goes)
 
-        def loop_starts_when_orphaned(say: Callable[[bytes], None]) -> None:
-            while os.getppid() == holder:
-                signal.sigtimedwait([], 0.001)
-            worker_signals._arranged_in = 0  # not forked: a spawned worker's handler is set as its loop starts
-            assert not worker_signals.leave_signals_in_this_worker(str(record), (signal.SIGTERM,), holder)
-            os.write(write_end, b"h")
+    def loop_starts(holder: int) -> None:
+        worker_signals._arranged_in = 0  # not forked: a spawned worker's handler is set as its loop starts
+        assert not worker_signals.leave_signals_in_this_worker(str(record), (signal.SIGTERM,), holder)
 
-        holder = os.getpid()
-        grandchild, _ = forked(loop_starts_when_orphaned)
-        os.write(write_end, f"{grandchild:>10}".encode())
-        os._exit(0)
-    os.close(write_end)
-    grandchild = int(os.read(read_end, 10))
-    try:
-        assert ended_by(child) == 0
-        assert os.read(read_end, 1) == b"h"
-        scheduler_signals(grandchild)
-        assert_ends_soon(grandchild)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(grandchild, signal.SIGKILL)
+    assert_an_orphan_ends_on_the_signal(loop_starts)
 
 
 def torch_worker(say: Callable[[bytes], None]) -> None:

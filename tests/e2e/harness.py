@@ -549,6 +549,20 @@ class Runner:
         return self._outcomes[scenario]
 
 
+def global_order(records: Records, epoch: int) -> list[int]:
+    """The epoch's samples in their global order: step after step, and in a step as ``DistributedSampler`` deals
+    global positions (its ranks' i-th samples, rank after rank)."""
+    steps: dict[int, list[list[int]]] = {}
+    for rank in sorted(records):
+        for record in records[rank]:
+            if record["epoch"] == epoch:
+                steps.setdefault(record["batch"], []).append(record["ids"])
+    order = []
+    for step in sorted(steps):
+        order += [ids[i] for i in range(max(map(len, steps[step]))) for ids in steps[step] if i < len(ids)]
+    return order
+
+
 def ids_in_epoch(records: Records, epoch: int) -> list[int]:
     """Every sample id the ranks trained in ``epoch``, rank after rank."""
     return [i for rank_records in records.values() for r in rank_records if r["epoch"] == epoch for i in r["ids"]]

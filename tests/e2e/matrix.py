@@ -19,6 +19,7 @@ from .harness import (
     Scenario,
     augmentation_by_id,
     data_after_epoch,
+    global_order,
     ids_in_epoch,
     run_phase,
     stream_order,
@@ -381,29 +382,27 @@ def elastic_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
     padding = math.ceil(remaining / new_size) * new_size - remaining
     if set(before + after) != set(range(scenario.dataset_size)) or len(after) != remaining + padding:
         problems.append(f"epoch {epoch}: trained {sorted(before + after)}, not each sample once (+{padding} padding)")
+    return problems + augmented_and_later_problems(runner, outcome, new_size, scenario.batch_size)
+
+
+def augmented_and_later_problems(runner: Runner, outcome: Outcome, world_size: int, batch_size: int) -> list[str]:
+    """After a resume on another layout (``world_size`` processes, batches of ``batch_size``): where a sample of the
+    interrupted epoch was augmented otherwise than in the uninterrupted run, and whether the later epochs read what a
+    fresh run of that layout reads."""
+    scenario, stopped, resumed, epoch = outcome.scenario, outcome.stopped, outcome.resumed, outcome.scenario.stop_epoch
+    problems = []
     expected = augmentation_by_id(outcome.full, epoch=epoch)
     for sample, values in augmentation_by_id(stopped, resumed, epoch=epoch).items():
         if any(value != expected[sample][0] for value in values):
             problems.append(f"epoch {epoch}: sample {sample} augmented {values}, not {expected[sample][0]}")
             break
-    fresh = runner.full(replace(scenario, world_size=new_size, resume_world_size=None, resume_num_workers=None))
+    layout = {"world_size": world_size, "batch_size": batch_size}
+    fresh = runner.full(
+        replace(scenario, **layout, resume_world_size=None, resume_num_workers=None, resume_batch_size=None)  # type: ignore[arg-type]
+    )
     if data_after_epoch(resumed, epoch) != data_after_epoch(fresh, epoch):
-        problems.append(f"the epochs after {epoch} do not read what a fresh run on {new_size} process(es) reads")
+        problems.append(f"the epochs after {epoch} do not read what a fresh run of {layout} reads")
     return problems
-
-
-def global_order(records: Records, epoch: int) -> list[int]:
-    """The ids ``records`` trained in ``epoch`` in the sampler's global order: a step at a time, and in it the first
-    sample of each rank's batch, then the second of each, ... (``DistributedSampler`` deals its order round-robin)."""
-    steps: dict[int, list[list[int]]] = {}
-    for rank in sorted(records):
-        for record in records[rank]:
-            if record["epoch"] == epoch:
-                steps.setdefault(record["batch"], []).append(record["ids"])
-    order = []
-    for step in sorted(steps):
-        order += [ids[i] for i in range(max(map(len, steps[step]))) for ids in steps[step] if i < len(ids)]
-    return order
 
 
 def resized_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
@@ -425,24 +424,7 @@ def resized_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
     padding = math.ceil((size - len(before)) / new_size) * new_size - (size - len(before))
     if interrupted[:size] != full[:size] or len(interrupted) != size + padding:
         problems.append(f"epoch {epoch}: trained {interrupted} in global order, not {full[:size]} (+{padding} padding)")
-    expected = augmentation_by_id(outcome.full, epoch=epoch)
-    for sample, values in augmentation_by_id(stopped, resumed, epoch=epoch).items():
-        if any(value != expected[sample][0] for value in values):
-            problems.append(f"epoch {epoch}: sample {sample} augmented {values}, not {expected[sample][0]}")
-            break
-    fresh = runner.full(
-        replace(
-            scenario,
-            world_size=new_size,
-            batch_size=scenario.resume_batch_size,
-            resume_world_size=None,
-            resume_num_workers=None,
-            resume_batch_size=None,
-        )
-    )
-    if data_after_epoch(resumed, epoch) != data_after_epoch(fresh, epoch):
-        problems.append(f"the epochs after {epoch} do not read what a fresh run of the new layout reads")
-    return problems
+    return problems + augmented_and_later_problems(runner, outcome, new_size, scenario.resume_batch_size)
 
 
 def stopped_mismatches(full: Records, stopped: Records) -> list[str]:

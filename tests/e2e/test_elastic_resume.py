@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from .harness import Records, Runner, Scenario, augmentation_by_id, data_after_epoch, ids_in_epoch
+from .harness import Runner, Scenario, augmentation_by_id, data_after_epoch, global_order, ids_in_epoch
 
 STOPPED_ON_TWO = Scenario(world_size=2, stop_kind="batch_end")
 
@@ -70,20 +70,6 @@ def test_a_bucketing_sampler_resumed_on_one_process_trains_each_sample_of_the_ep
     after = ids_in_epoch(runner.resumed(scenario), epoch)
     assert before and after
     assert sorted(before + after) == list(range(scenario.dataset_size))
-
-
-def global_order(records: Records, epoch: int) -> list[int]:
-    """The epoch's samples in their global order: step after step, and in a step as ``DistributedSampler`` deals
-    global positions (its ranks' i-th samples, rank after rank)."""
-    steps: dict[int, list[list[int]]] = {}
-    for rank in sorted(records):
-        for record in records[rank]:
-            if record["epoch"] == epoch:
-                steps.setdefault(record["batch"], []).append(record["ids"])
-    order = []
-    for step in sorted(steps):
-        order += [ids[i] for i in range(max(map(len, steps[step]))) for ids in steps[step] if i < len(ids)]
-    return order
 
 
 @pytest.mark.parametrize(("new_world_size", "new_batch_size"), [(2, 6), (2, 2), (1, 6)])
