@@ -26,7 +26,7 @@ if importlib.util.find_spec("streaming") is None:
 
 streaming = train.import_streaming()
 
-from lightning_resumable.readers.mosaic import MosaicLoader, make_mosaic_resumable, order_of, seen_world  # noqa: E402
+from lightning_resumable.readers.mosaic import MosaicLoader, make_mosaic_resumable, order_of, seen_world, shared_epoch  # noqa: E402
 
 BATCHES = 12  # 48 samples in batches of 4, one process
 
@@ -93,11 +93,22 @@ def test_a_dataset_built_for_another_world_or_batch_size_is_refused(shards: Path
         UnsupportedLoaderError, match=r"StreamingDataset\(batch_size=4\) under a loader of batch_size=8"
     ):
         make_mosaic_resumable(other, seed=3, epoch_source=lambda: 0, rank=0, world_size=1)
+
+
+def test_workers_kept_from_pass_to_pass_are_kept_and_share_the_passs_epoch(shards: Path) -> None:
+    """``persistent_workers=True`` stays (exact: tests/e2e/test_mosaic.py), and the epoch each sample's seed is keyed
+    by lives in shared memory, so a kept worker's copy of the dataset reads each pass's."""
     persistent = streaming.StreamingDataLoader(
         train.mosaic_stream(shards, 4), batch_size=4, num_workers=1, persistent_workers=True
     )
-    with pytest.raises(UnsupportedLoaderError, match="persistent_workers=True"):
-        make_mosaic_resumable(persistent, seed=3, epoch_source=lambda: 0, rank=0, world_size=1)
+    kept = make_mosaic_resumable(persistent, seed=3, epoch_source=lambda: 5, rank=0, world_size=1)
+    assert kept.persistent_workers
+    iterator = iter(kept)
+    next(iterator)
+    epoch = shared_epoch(kept.dataset)
+    assert epoch.is_shared() and int(epoch) == 5
+    del iterator
+    kept.retire_workers()
 
 
 def test_set_mosaic_environment_gives_mosaic_the_trainers_world(monkeypatch: pytest.MonkeyPatch) -> None:

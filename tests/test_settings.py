@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
 from torch.utils.data import DataLoader
 
-from lightning_resumable import UnsupportedLoaderError
-from lightning_resumable.readers.settings import TORCH_SETTINGS, forwarded_settings, refuse_persistent_workers
+from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, TORCH_SETTINGS, forwarded_settings, kept_workers
 
 DATA = list(range(8))
 
@@ -26,7 +24,12 @@ def test_without_workers_the_worker_only_settings_are_left_out() -> None:
     assert next(iter(DataLoader(DATA, **settings))).tolist() == [0, 1]
 
 
-def test_persistent_workers_are_refused_naming_the_loader() -> None:
-    refuse_persistent_workers(DataLoader(DATA, num_workers=0), "a loader")
-    with pytest.raises(UnsupportedLoaderError, match="a stream loader with persistent_workers=True: why"):
-        refuse_persistent_workers(DataLoader(DATA, num_workers=1, persistent_workers=True), "a stream loader", "why")
+def test_a_data_librarys_loader_keeps_its_workers_only_where_the_users_did() -> None:
+    """A data library's loader built in place of the user's is given ``persistent_workers`` only where the user's
+    loader had workers to keep (torch refuses it without workers)."""
+    assert kept_workers(DataLoader(DATA, num_workers=0, persistent_workers=False)) == {}
+    assert kept_workers(DataLoader(DATA, num_workers=2)) == {}
+    kept = DataLoader(DATA, num_workers=2, persistent_workers=True)
+    settings = forwarded_settings(kept, DATA_LIBRARY_SETTINGS, **kept_workers(kept))
+    assert "persistent_workers" not in DATA_LIBRARY_SETTINGS and settings["persistent_workers"] is True
+    assert DataLoader(DATA, **settings).persistent_workers

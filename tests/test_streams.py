@@ -247,7 +247,15 @@ def test_a_state_from_a_newer_torchdata_is_refused_and_an_older_ones_read() -> N
 def test_a_version_1_stream_state_reads_without_a_torchdata_version() -> None:
     raw = {key: value for key, value in saved_on(2, 0).to_dict().items() if key != "torchdata"}
     state = StreamState.from_dict({**raw, "version": 1})
-    assert (state.torchdata, state.next_batch, state.batch_size, state.version) == ("", None, None, 4)
+    assert (state.torchdata, state.next_batch, state.batch_size, state.next_samples, state.version) == (
+        "",
+        None,
+        None,
+        None,
+        5,
+    )
+    four = StreamState.from_dict({**saved_on(2, 0).to_dict(), "version": 4})  # before samples' digests
+    assert (four.next_samples, four.version) == (None, 5)
     with pytest.raises(StateFormatError, match="must be str"):
         StreamState.from_dict({**saved_on(2, 0).to_dict(), "torchdata": 11})
 
@@ -264,7 +272,11 @@ def test_the_mixin_refuses_a_stateless_stream_before_training(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"version": 9}, r"reads \(1, 2, 3, 4\)"),
+        ({"version": 9}, r"reads \(1, 2, 3, 4, 5\)"),
+        ({"next_samples": [["0" * 16]]}, "one list of 16-digit hex digests per rank"),
+        ({"next_samples": [["0" * 16], ["X" * 16]]}, "one list of 16-digit hex digests per rank"),
+        ({"next_samples": [[], "0" * 16]}, "one list of 16-digit hex digests per rank"),
+        ({"next_samples": "0" * 16}, "'next_samples' must be list"),
         ({"batch_size": 0}, "no rank"),
         ({"batch_size": "4"}, "'batch_size' must be int"),
         ({"next_batch": ["0" * 16]}, "one 16-digit hex digest"),

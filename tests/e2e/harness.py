@@ -443,7 +443,8 @@ class Outcome:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """Held by one process of the machine at a time (pytest-xdist's workers share the runner's folder)."""
     with path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes (or its process ends)
         yield
@@ -454,7 +455,7 @@ def run_once(run_dir: Path, phase: str, world_size: int, run: Callable[[], Recor
     later one (another xdist worker) waits on the directory's lock and reads what the run recorded. A run that
     failed left no mark: the next to ask runs it again (and fails as it did)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(run_dir / f"{phase}.lock"):
+    with locked(run_dir / f"{phase}.lock"):
         done = run_dir / f"{phase}.done"
         if done.exists():
             return read_records(run_dir, phase, world_size)
@@ -594,3 +595,25 @@ def stream_order(records: Records) -> list[tuple[int, list[float]]]:
     for steps in zip(*(records[rank] for rank in sorted(records)), strict=True):
         ordered += [(sample, values) for step in steps for sample, values in zip(step["ids"], step["aug"], strict=True)]
     return ordered
+
+
+def resume_damaged(runner: Runner, scenario: Scenario, tmp_path: Path, damage: Callable[[dict[str, Any]], None]) -> str:
+    """Resume ``scenario``'s stopped run from its checkpoint after ``damage(checkpoint)``; the run must
+    fail before any step trains. Returns its log."""
+    import torch
+
+    runner.stopped(scenario)
+    checkpoint = torch.load(runner.checkpoint(scenario), weights_only=True)
+    damage(checkpoint)
+    damaged = tmp_path / "damaged.ckpt"
+    torch.save(checkpoint, damaged)
+    resumed = run_phase(
+        scenario, "resume-damaged", tmp_path / "run", damaged, scenario.resume_world_size, expect_failure=True
+    )
+    assert not any(resumed.values()), "a resumed step trained"
+    return (tmp_path / "run" / "resume-damaged.log").read_text()
+
+
+def stream_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    state: dict[str, Any] = checkpoint["callbacks"]["ResumableDataCallback"]["state"]
+    return state

@@ -9,6 +9,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from .chains import CI_SEEDS, Leg, run_chain
 from .harness import (
@@ -21,6 +22,7 @@ from .harness import (
     data_after_epoch,
     global_order,
     ids_in_epoch,
+    locked,
     run_phase,
     stream_order,
 )
@@ -150,6 +152,10 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
     kept = random.Random(seed * 7561 + 55).random() < 0.3 and seed not in PERSISTENT_AFTER
     if kept and scenario.data in ("map", "hf", "wds", "stream") and scenario.num_workers and not scenario.wds_form:
         scenario, reference = replace(scenario, persistent_workers=True), replace(reference, persistent_workers=True)
+    # ... and for a mixture (salted apart, so the kinds above keep their draws; not for the seeds CI ran before).
+    kept = random.Random(seed * 7561 + 5555).random() < 0.3 and seed not in MIXTURE_KEPT_AFTER
+    if kept and scenario.data == "mixture" and scenario.num_workers:
+        scenario, reference = replace(scenario, persistent_workers=True), replace(reference, persistent_workers=True)
     # Issue 55: another batch size at the resume (a ramp, or a batch that fits another GPU) for a map-style loader (on
     # the same or another world size) and a mixture whose schedule stays; salted, and not for the seeds CI ran
     # before it (`RESIZED_AFTER`), which keep their cases.
@@ -176,6 +182,10 @@ PERSISTENT_AFTER = frozenset({
 })  # fmt: skip
 """Every CI seed of the matrices (workflow, preemption, data libraries, WebDataset), drawn before workers kept from
 pass to pass were (`draw_case`): their cases stay as they were run."""
+
+MIXTURE_KEPT_AFTER = PERSISTENT_AFTER | {1574, 1117}
+"""The CI seeds drawn before a mixture's or a data library's workers were kept from pass to pass: they keep their
+cases."""
 
 
 START_METHODS = ("fork", "fork", "fork", "forkserver", "default:forkserver", "default:forkserver")
@@ -385,6 +395,31 @@ def elastic_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
     return problems + augmented_and_later_problems(runner, outcome, new_size, scenario.batch_size)
 
 
+def global_batch_mismatches(outcome: Outcome) -> list[str]:
+    """What docs/mosaic.md promises of a resume on another world size at the same global batch: every step trains the
+    samples (with their augmentations) that all ranks of the uninterrupted run trained together at that step, and
+    the run has its steps (losses differ: each rank averages other samples)."""
+    full, trained = global_steps(outcome.full), global_steps(outcome.stopped, outcome.resumed)
+    problems = [
+        f"step {step}: trained {trained.get(step)}, not {want}"
+        for step, want in full.items()
+        if trained.get(step) != want
+    ]
+    extra = sorted(set(trained) - set(full))
+    return problems[:3] + ([f"steps {extra[:5]} the uninterrupted run has not"] if extra else [])
+
+
+def global_steps(*runs: Records) -> dict[tuple[int, int], list[tuple[int, Any]]]:
+    """Per (epoch, batch), what all ranks of ``runs`` trained together: (id, augmentation) pairs, sorted."""
+    steps: dict[tuple[int, int], list[tuple[int, Any]]] = {}
+    for records in runs:
+        for rank_records in records.values():
+            for record in rank_records:
+                pairs = zip(record["ids"], record["aug"], strict=True)
+                steps.setdefault((record["epoch"], record["batch"]), []).extend(pairs)
+    return {step: sorted(pairs) for step, pairs in steps.items()}
+
+
 def augmented_and_later_problems(runner: Runner, outcome: Outcome, world_size: int, batch_size: int) -> list[str]:
     """After a resume on another layout (``world_size`` processes, batches of ``batch_size``): where a sample of the
     interrupted epoch was augmented otherwise than in the uninterrupted run, and whether the later epochs read what a
@@ -498,14 +533,27 @@ def draw_library_case(seed: int) -> Scenario:
         scenario = replace(scenario, resume_world_size=3 - scenario.world_size)
     if data == "mosaic" and workers and draw.random() < 0.3:
         scenario = replace(scenario, resume_num_workers=0)  # Mosaic's order does not depend on the workers
+    # Issue 55: workers kept from pass to pass, and Mosaic on another world size (its elastic resume at the same global
+    # batch, verified by the global batch); salted, and not for the seeds CI ran before.
+    later = random.Random(seed * 104729 + 55)
+    if workers and later.random() < 0.3 and seed not in MIXTURE_KEPT_AFTER:
+        scenario = replace(scenario, persistent_workers=True)
+    if data == "mosaic" and later.random() < 0.3 and seed not in MIXTURE_KEPT_AFTER:
+        scenario = replace(scenario, resume_world_size=3 - scenario.world_size)
     return scenario
 
 
 def library_data_written(runner: Runner, data: str) -> None:
-    """The chunks (LitData) or shards (Mosaic) ``data`` reads, written once into ``runner``'s root."""
+    """The chunks (LitData) or shards (Mosaic) ``data`` reads, written once into ``runner``'s root, by one process at a
+    time: pytest-xdist's workers share the root, and one that found no index yet wrote into the folder another was
+    writing (``litdata.optimize wrote []``)."""
+    with locked(runner.root / "library-data.lock"):
+        _library_data_written(runner.root, data)
+
+
+def _library_data_written(root: Path, data: str) -> None:
     from . import train
 
-    root = runner.root
     if data in SHARDED:
         train.clean_mosaic_memory()  # left by runs that ended without Mosaic's cleanup
         train.write_sharded_sources(root)
@@ -576,6 +624,8 @@ def case_problems(runner: Runner, scenario: Scenario, reference: Scenario) -> li
         return resized_mismatches(runner, outcome)
     if scenario.resume_world_size is not None and scenario.data in ("mixture", *SHARDED):
         return mixture_elastic_mismatches(runner, outcome, reference)
+    if scenario.resume_world_size is not None and scenario.data == "mosaic":
+        return global_batch_mismatches(outcome)
     if scenario.resume_world_size is not None:
         return elastic_mismatches(runner, outcome)
     if ("seed_steps", False) in scenario.callback_options:

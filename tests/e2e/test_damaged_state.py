@@ -3,34 +3,14 @@ before any step trains, never resumed into a wrong stream."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from .harness import Runner, Scenario, run_phase
+from .harness import Runner, Scenario, resume_damaged, stream_state
 
 BASE = Scenario(world_size=2, num_workers=2)
-
-
-def resume_damaged(runner: Runner, scenario: Scenario, tmp_path: Path, damage: Callable[[dict[str, Any]], None]) -> str:
-    """Resume ``scenario``'s stopped run from its checkpoint after ``damage(checkpoint)``; the run must
-    fail before any step trains. Returns its log."""
-    runner.stopped(scenario)
-    checkpoint = torch.load(runner.checkpoint(scenario), weights_only=True)
-    damage(checkpoint)
-    damaged = tmp_path / "damaged.ckpt"
-    torch.save(checkpoint, damaged)
-    resumed = run_phase(scenario, "resume-damaged", tmp_path / "run", damaged, expect_failure=True)
-    assert not any(resumed.values()), "a resumed step trained"
-    return (tmp_path / "run" / "resume-damaged.log").read_text()
-
-
-def stream_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    state: dict[str, Any] = checkpoint["callbacks"]["ResumableDataCallback"]["state"]
-    return state
 
 
 @pytest.mark.parametrize("emptied", [{}, None], ids=["empty-dict", "None"])

@@ -44,6 +44,11 @@ def test_unchanged_weights_resume_exactly(runner: Runner) -> None:
     assert sources == {0, 1, 2}, "every source is drawn"
 
 
+def test_workers_kept_from_pass_to_pass_resume_exactly(runner: Runner) -> None:
+    """``persistent_workers=True`` (Lightning's advice for loaders with workers)."""
+    assert_exact(runner, runner.run(replace(BASE, persistent_workers=True)))
+
+
 @pytest.mark.parametrize("stop_kind", ["last_batch", "in_step", "validation"])
 def test_a_checkpoint_at_an_epochs_end_inside_a_step_or_at_a_validation_resumes_exactly(
     runner: Runner, stop_kind: str

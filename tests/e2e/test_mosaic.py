@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from . import train
-from .harness import Runner, Scenario, check_run_exits
+from .harness import Outcome, Runner, Scenario, check_run_exits, resume_damaged, stream_state
+from .matrix import global_batch_mismatches, global_steps, library_data_written
 from .preemption import preempt_and_resume
 
 if importlib.util.find_spec("streaming") is None:
@@ -30,10 +31,7 @@ PLAIN = Scenario(world_size=2, num_workers=2, loader="StreamingDataLoader", data
 @pytest.fixture(scope="module")
 def mosaic_runner(runner: Runner) -> Runner:
     """The session's runner, with the shards its Mosaic scenarios read written once."""
-    train.clean_mosaic_memory()  # left by runs that ended without Mosaic's cleanup (a stopped run leaves its own)
-    shards = runner.root / train.MOSAIC_DIR
-    if not (shards / "index.json").exists():
-        train.write_mosaic(shards, 48)
+    library_data_written(runner, "mosaic")  # Mosaic's leftovers cleaned (a stopped run leaves its own)
     return runner
 
 
@@ -60,6 +58,10 @@ EXACT = [replace(PLAIN, resumable=True, num_workers=workers) for workers in (0, 
 EXACT.append(replace(EXACT[1], loader="DataLoader"))
 # Mosaic's order does not depend on the number of workers: 2 workers resume on none.
 EXACT.append(replace(EXACT[1], resume_num_workers=0))
+# Workers kept from pass to pass (issue 55): the epoch each sample's seed is keyed by is shared with them (with a
+# copy of the first pass's, the resume's first batch differed from the uninterrupted run's), epochs cut or not.
+EXACT.append(replace(EXACT[1], persistent_workers=True))
+EXACT.append(replace(EXACT[1], persistent_workers=True, limit_train_batches=3, resume_num_workers=0))
 
 
 @pytest.mark.parametrize("scenario", EXACT, ids=lambda scenario: scenario.label())
@@ -72,16 +74,6 @@ def test_mosaics_loader_resumes_exactly(mosaic_runner: Runner, scenario: Scenari
         assert len(steps) == scenario.batches_per_epoch * scenario.epochs, f"rank {rank}"
 
 
-def global_steps(records: dict[int, list[dict[str, Any]]]) -> dict[tuple[int, int], list[tuple[int, Any]]]:
-    """Per (epoch, batch), what all ranks trained together: (id, augmentation) pairs, sorted."""
-    steps: dict[tuple[int, int], list[tuple[int, Any]]] = {}
-    for rank_records in records.values():
-        for record in rank_records:
-            pairs = zip(record["ids"], record["aug"], strict=True)
-            steps.setdefault((record["epoch"], record["batch"]), []).extend(pairs)
-    return {step: sorted(pairs) for step, pairs in steps.items()}
-
-
 def test_a_run_on_two_processes_resumes_on_one_at_the_same_global_batch(mosaic_runner: Runner) -> None:
     """2 -> 1 processes, batch 4 -> 8 per process: every later step trains the very samples, with their
     augmentations, that the two ranks trained together at that step of the uninterrupted run (Mosaic
@@ -92,6 +84,30 @@ def test_a_run_on_two_processes_resumes_on_one_at_the_same_global_batch(mosaic_r
     resumed = global_steps(mosaic_runner.resumed(scenario))
     assert list(stopped) + list(resumed) == list(full)
     assert {**stopped, **resumed} == full
+    outcome = mosaic_runner.run(scenario)
+    assert global_batch_mismatches(outcome) == [], "the matrix's judge of the same promise"
+    cut = Outcome(scenario, outcome.full, outcome.stopped, {0: outcome.resumed[0][1:]})
+    assert global_batch_mismatches(cut), "the judge finds a step not trained"
+
+
+def test_a_resume_on_another_world_size_checks_the_global_batch_sample_by_sample(
+    mosaic_runner: Runner, tmp_path: Path
+) -> None:
+    """On another world size no rank's next batch is one a saving rank recorded, but the global batch is: each
+    saving rank recorded a digest of each sample of its next batch, and the resumed ranks' first samples together
+    must be those. One digest edited (2 -> 1 processes) is refused on the resume before any step trains; the
+    checkpoint as written resumes (the test above)."""
+    (tmp_path / train.MOSAIC_DIR).symlink_to(mosaic_runner.root / train.MOSAIC_DIR)  # the run reads shards beside it
+    scenario = replace(EXACT[1], resume_world_size=1)
+
+    def edit(checkpoint: dict[str, Any]) -> None:
+        samples = stream_state(checkpoint)["next_samples"]
+        assert [len(each) for each in samples] == [scenario.batch_size] * scenario.world_size
+        samples[1][0] = "0" * 16
+
+    log = resume_damaged(mosaic_runner, scenario, tmp_path, edit)
+    assert "ResumeVerificationError: the first global batch after the checkpoint" in log, log[-3000:]
+    assert f"1 of its {scenario.batch_size * scenario.world_size} samples are missing" in log
 
 
 def test_a_resume_on_another_world_size_is_refused_when_the_callback_forbids_it(mosaic_runner: Runner) -> None:

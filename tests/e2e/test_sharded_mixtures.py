@@ -20,6 +20,7 @@ import pytest
 from . import processes, train
 from .chains import Leg, run_chain
 from .harness import RUN_TIMEOUT_S, WITH_PARAMETERS, Outcome, Runner, Scenario, stream_order
+from .matrix import library_data_written
 
 pytest.importorskip("litdata")
 if importlib.util.find_spec("streaming") is None:
@@ -46,8 +47,7 @@ COMBINED_STEPS_AT_STOP = COMBINED.stop_epoch * COMBINED.batches_per_epoch + COMB
 @pytest.fixture(scope="module")
 def sharded_runner(runner: Runner) -> Runner:
     """The session's runner, with the sharded sources written once (and Mosaic's leftovers cleaned)."""
-    train.clean_mosaic_memory()
-    train.write_sharded_sources(runner.root)
+    library_data_written(runner, "sharded-mixture")  # Mosaic's leftovers cleaned
     return runner
 
 
@@ -113,8 +113,9 @@ def test_a_sharded_mixture_resumed_on_another_world_size_continues_the_stream(
     assert_in_stream_order(sharded_runner, elastic, reference)
 
 
-def test_litdatas_combined_dataset_as_users_write_it_resumes_exactly(sharded_runner: Runner) -> None:
-    assert_exact(sharded_runner, sharded_runner.run(COMBINED))
+@pytest.mark.parametrize("kept", [False, True], ids=["workers anew", "persistent workers"])
+def test_litdatas_combined_dataset_as_users_write_it_resumes_exactly(sharded_runner: Runner, kept: bool) -> None:
+    assert_exact(sharded_runner, sharded_runner.run(replace(COMBINED, persistent_workers=kept)))
 
 
 def test_litdatas_combined_dataset_with_other_weights_at_a_resume_on_one_process(sharded_runner: Runner) -> None:

@@ -370,13 +370,25 @@ def litdata_row(sample_id: int) -> dict[str, int]:
     return {"id": sample_id}
 
 
+@contextmanager
+def start_method_kept() -> Iterator[None]:
+    """The process's default start method as it was before (``litdata.optimize`` sets spawn for the whole process:
+    every later loader of a test process started its workers by spawn, where its tests expected a fork)."""
+    before = multiprocessing.get_start_method(allow_none=True)
+    try:
+        yield
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+
+
 def write_litdata(directory: Path, size: int, first: int = 0, chunk_size: int = 6) -> None:
     """Write ids ``first..first+size-1`` as LitData chunks of ``chunk_size`` samples (8 chunks of 6 for 48),
     with ``litdata.optimize``."""
     import litdata
 
     inputs = list(range(first, first + size))
-    litdata.optimize(fn=litdata_row, inputs=inputs, output_dir=str(directory), chunk_size=chunk_size, num_workers=1)
+    with start_method_kept():
+        litdata.optimize(fn=litdata_row, inputs=inputs, output_dir=str(directory), chunk_size=chunk_size, num_workers=1)
     written = json.loads((directory / "index.json").read_text())["chunks"]  # a failed worker leaves it empty
     if sum(chunk["chunk_size"] for chunk in written) != size:
         raise RuntimeError(f"litdata.optimize wrote {written!r:.300} to {directory}, not {size} samples")
@@ -443,14 +455,15 @@ def write_sharded_sources(root: Path) -> None:
         elif kind == "tokens":
             inputs = list(range(first, first + size))
             item_loader = litdata.TokensLoader()
-            litdata.optimize(
-                fn=token_block,
-                inputs=inputs,
-                output_dir=str(directory),
-                chunk_size=3 * TOKEN_BLOCK,
-                num_workers=1,
-                item_loader=item_loader,
-            )
+            with start_method_kept():
+                litdata.optimize(
+                    fn=token_block,
+                    inputs=inputs,
+                    output_dir=str(directory),
+                    chunk_size=3 * TOKEN_BLOCK,
+                    num_workers=1,
+                    item_loader=item_loader,
+                )
         else:
             write_litdata(directory, size, first=first, chunk_size=3)
 
@@ -937,6 +950,12 @@ def loader_arguments(config: dict[str, Any], dataset: Dataset[Any], shuffle: boo
     )
 
 
+def kept_workers(config: dict[str, Any], workers: int) -> dict[str, Any]:
+    """``persistent_workers=True`` where the scenario keeps its workers from pass to pass (and has workers); else
+    nothing, so a loader that would refuse it is built as before."""
+    return {"persistent_workers": True} if workers > 0 and config.get("persistent_workers", False) else {}
+
+
 class PlainData(L.LightningDataModule):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__()
@@ -956,7 +975,9 @@ class PlainData(L.LightningDataModule):
         workers = self.config["num_workers"]
         if self.config["phase"].startswith("resume") and self.config.get("resume_num_workers") is not None:
             workers = self.config["resume_num_workers"]
-        return loader_type(self.train_set, batch_size=batch_size, num_workers=workers)
+        return loader_type(
+            self.train_set, batch_size=batch_size, num_workers=workers, **kept_workers(self.config, workers)
+        )
 
     def litdata_loader(self, combined: bool) -> Any:
         from litdata import CombinedStreamingDataset, StreamingDataLoader
@@ -969,7 +990,10 @@ class PlainData(L.LightningDataModule):
         loader_type = StreamingDataLoader if self.config["loader"] == "StreamingDataLoader" else DataLoader
         # The global batch stays the same on another world size (where LitData resumes elastically).
         batch_size = self.config["batch_size"] * self.config["first_world_size"] // self.config["world_size"]
-        return loader_type(self.train_set, batch_size=batch_size, num_workers=self.config["num_workers"])
+        workers = self.config["num_workers"]
+        return loader_type(
+            self.train_set, batch_size=batch_size, num_workers=workers, **kept_workers(self.config, workers)
+        )
 
     def several_loaders(self, combined: bool) -> Any:
         size_a, size_b = COMBINED_SIZES
@@ -989,7 +1013,10 @@ class PlainData(L.LightningDataModule):
         datasets = {name: OffsetDataset(size, offset=MIXTURE_OFFSETS[name]) for name, size in sources}
         schedule = WeightSchedule({step: dict(changed) for step, changed in weights})
         self.train_set = Mixture(datasets, schedule, samples_per_epoch=self.config["dataset_size"])
-        return DataLoader(self.train_set, batch_size=self.config["batch_size"], num_workers=self.config["num_workers"])
+        workers, batch_size = self.config["num_workers"], self.config["batch_size"]
+        return DataLoader(
+            self.train_set, batch_size=batch_size, num_workers=workers, **kept_workers(self.config, workers)
+        )
 
     def mixture_sources_and_weights(self) -> tuple[tuple[tuple[str, int], ...], WeightSchedule]:
         sources, weights = self.config["mixture_sources"], self.config["mixture_weights"]
@@ -1017,12 +1044,16 @@ class PlainData(L.LightningDataModule):
             self.train_set = CombinedStreamingDataset(
                 datasets, seed=5, weights=[weights[name] for name in names], iterate_over_all=False
             )
-            return StreamingDataLoader(self.train_set, batch_size=batch_size, num_workers=workers)
+            return StreamingDataLoader(
+                self.train_set, batch_size=batch_size, num_workers=workers, **kept_workers(self.config, workers)
+            )
         if "c" in names:
             set_mosaic_environment(self.trainer)
         datasets = {name: sharded_source(root, name) for name in names}
         self.train_set = Mixture(datasets, schedule, samples_per_epoch=self.config["dataset_size"])
-        return DataLoader(self.train_set, batch_size=batch_size, num_workers=workers)
+        return DataLoader(
+            self.train_set, batch_size=batch_size, num_workers=workers, **kept_workers(self.config, workers)
+        )
 
     def map_loader(self) -> Any:
         resuming = self.config["phase"].startswith("resume")

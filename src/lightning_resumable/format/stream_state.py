@@ -16,10 +16,10 @@ __all__ = ["GLOBAL_POSITION_ATTRIBUTE", "STREAM_STATE_VERSION", "StreamState"]
 
 GLOBAL_POSITION_ATTRIBUTE = "resumable_global_position"
 """A stream dataset's attribute: ``True`` declares its state the same on every rank and valid on any world size."""
-STREAM_STATE_VERSION = 4
+STREAM_STATE_VERSION = 5
 # Version 1 (never released) had no torchdata version; 1 and 2 (0.2.x) no next-batch digests nor reader; 1 to 3 no
-# batch size.
-_READABLE_STREAM_VERSIONS = (1, 2, 3, 4)
+# batch size; 1 to 4 no digests of the next batch's samples.
+_READABLE_STREAM_VERSIONS = (1, 2, 3, 4, 5)
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,10 @@ class StreamState:
         reader: what read the stream and wrote ``ranks``: ``torchdata`` (a ``StatefulDataLoader``)
             ``litdata`` or ``mosaic`` (LitData's or MosaicML Streaming's ``StreamingDataLoader``).
         batch_size: each process's batch size; ``None`` if not recorded (a state before version 4).
+        next_samples: each rank's digests of the samples of the batch it trains next, in rank order (``[]``: not
+            read, or its samples cannot be told apart), for a stream whose position is global: its resume on
+            another world size checks the global batch (`lightning_resumable.core.global_batch`); ``None`` if not
+            recorded (another stream, no verification, or a state before version 5).
     """
 
     kind: ClassVar[Kind] = "stream"
@@ -60,6 +64,7 @@ class StreamState:
     next_batch: list[str] | None = None
     reader: str = "torchdata"
     batch_size: int | None = None
+    next_samples: list[list[str]] | None = None
     version: int = STREAM_STATE_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,13 +83,19 @@ class StreamState:
         if version in (1, 2):
             raw = {**raw, "next_batch": None, "reader": "torchdata"}
         if version in (1, 2, 3):
-            raw = {**raw, "batch_size": None, "version": STREAM_STATE_VERSION}
+            raw = {**raw, "batch_size": None}
+        if version in (1, 2, 3, 4):
+            raw = {**raw, "next_samples": None, "version": STREAM_STATE_VERSION}
         require_keys(raw, {field.name for field in fields(cls)}, set(), "a stream state")
         for field in fields(cls):
-            expected = {"bool": bool, "str": str, "list[dict[str, Any]]": list, "list[str] | None": list}.get(
-                str(field.type), int
-            )
-            if field.name in ("next_batch", "batch_size") and raw[field.name] is None:
+            expected = {
+                "bool": bool,
+                "str": str,
+                "list[dict[str, Any]]": list,
+                "list[str] | None": list,
+                "list[list[str]] | None": list,
+            }.get(str(field.type), int)
+            if field.name in ("next_batch", "batch_size", "next_samples") and raw[field.name] is None:
                 continue  # not recorded
             if type(raw[field.name]) is not expected:
                 raise StateFormatError(
@@ -109,5 +120,13 @@ class StreamState:
             raise StateFormatError(
                 f'a stream state\'s next_batch must hold one 16-digit hex digest (or "") per rank'
                 f" ({state.world_size}), got {state.next_batch!r:.200}"
+            )
+        if state.next_samples is not None and (
+            len(state.next_samples) != state.world_size
+            or not all(type(samples) is list and all(map(is_digest, samples)) for samples in state.next_samples)
+        ):
+            raise StateFormatError(
+                f"a stream state's next_samples must hold one list of 16-digit hex digests per rank"
+                f" ({state.world_size}), got {state.next_samples!r:.200}"
             )
         return state

@@ -12,6 +12,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_resumable.core.global_batch import check_first_global_batch
 from lightning_resumable.core.resume_start import DataPlace, Start, resume_start
 from lightning_resumable.core.verification import all_gather_objects, check_first_stream_batches, digest_of
 from lightning_resumable.errors import IncompatibleStateError, SkipError
@@ -45,6 +46,7 @@ class StreamOwner(Owner[StreamState]):
         self.loader, self.rank, self.world_size = loader, rank, world_size
         self.resumes_at: DataPlace | None = None  # where the restored stream stopped
         self.verifying: tuple[int, int] | None = None  # (epoch, batches) whose next batch is verified
+        self.verifying_samples: list[list[str]] | None = None  # the saving ranks' next samples, on another layout
         self.holes: list[Hole] = []  # the skipped steps' discards (see "skipped steps" below)
         self._trainer: Any = None
         self._due: dict[int, list[Hole]] = {}  # the holes whose batches the current pass discards, by batch index
@@ -73,6 +75,17 @@ class StreamOwner(Owner[StreamState]):
             recorded = saved.next_batch if verifiable else None
             self.loader.resume_from(state, saved.batches, recorded[self.rank] if recorded else "")
             self.verifying = (saved.epoch, saved.batches) if recorded else None
+            # On another world size only the global batch is the checkpoint's: checked sample by sample.
+            samples = saved.next_samples if verify and not verifiable else None
+            batch_size = getattr(self.loader, "batch_size", None)
+            if samples is not None and isinstance(batch_size, int):
+                self.loader.record.digest_first_samples(batch_size)
+                self.verifying, self.verifying_samples = (saved.epoch, saved.batches), samples
+            elif verify and not verifiable:
+                rank_zero_info(
+                    "lightning_resumable: the stream resumes on another world size and its checkpoint holds no"
+                    " digests of its next samples; the resume is not verified"
+                )
         else:
             raise IncompatibleStateError(
                 f"the stream state resumes epoch {saved.epoch} after {saved.batches} batches, but the trainer"
@@ -103,21 +116,27 @@ class StreamOwner(Owner[StreamState]):
         check_contract(self.loader, owned=(self.loader.dataset,))
         loader, batches = self.loader, at.batches
         digest = loader.next_batch_digest(batches) if at.verify else ""
-        gathered = all_gather_objects((loader.state_after(batches), digest, loader.finished_after(batches)))
-        ranks = [state for state, _, _ in gathered]
+        global_position = any(getattr(each, GLOBAL_POSITION_ATTRIBUTE, False) for each in (loader, loader.dataset))
+        batch_size = getattr(loader, "batch_size", None)
+        # A global position may resume on another world size, where only the global batch can be checked.
+        elastic = at.verify and global_position and isinstance(batch_size, int)
+        samples = loader.record.next_sample_digests(batches, batch_size) if elastic and batch_size else []
+        gathered = all_gather_objects((loader.state_after(batches), digest, loader.finished_after(batches), samples))
+        ranks = [state for state, _, _, _ in gathered]
         return StreamState(
             seed=at.seed,
             epoch=at.epoch,
             batches=at.batches,
             world_size=at.world_size,
             num_workers=self.loader.num_workers,
-            global_position=any(getattr(each, GLOBAL_POSITION_ATTRIBUTE, False) for each in (loader, loader.dataset)),
-            finished=all(finished for _, _, finished in gathered),
+            global_position=global_position,
+            finished=all(finished for _, _, finished, _ in gathered),
             ranks=ranks,
             torchdata=torchdata_version(),
-            next_batch=[digest for _, digest, _ in gathered] if at.verify else None,
+            next_batch=[digest for _, digest, _, _ in gathered] if at.verify else None,
             reader=loader.reader,
-            batch_size=getattr(loader, "batch_size", None),
+            batch_size=batch_size,
+            next_samples=[samples for _, _, _, samples in gathered] if elastic else None,
         )
 
     def ran_to_end(self, saved: StreamState, at: SavePoint) -> bool:
@@ -133,9 +152,18 @@ class StreamOwner(Owner[StreamState]):
         return place.batches if start is Start.AT_POSITION else 0
 
     def check_first_batch(self) -> None:
-        if self.verifying is not None:
-            (epoch, batches), self.verifying = self.verifying, None
+        if self.verifying is None:
+            return
+        (epoch, batches), self.verifying = self.verifying, None
+        recorded, self.verifying_samples = self.verifying_samples, None
+        if recorded is None:
             check_first_stream_batches(all_gather_objects(self.loader.first_batch), epoch, batches)
+            return
+        unchecked = check_first_global_batch(
+            recorded, all_gather_objects(self.loader.record.first_samples), epoch, batches
+        )
+        if unchecked:
+            rank_zero_info(f"lightning_resumable: the first global batch after the resume is not verified: {unchecked}")
 
     def trained_ids(self, batch: Any, batch_idx: int) -> str:
         return digest_of(batch)  # a stream's samples have no index

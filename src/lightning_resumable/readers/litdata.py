@@ -44,8 +44,8 @@ from lightning_resumable.readers import mixture as mixture_reader
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.libraries import LIBRARIES, is_of
 from lightning_resumable.readers.recording import PassRecord
-from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, refuse_persistent_workers
-from lightning_resumable.readers.workers import ForkingEachPass, warn_once_on_affected_python
+from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, kept_workers
+from lightning_resumable.readers.workers import ForkingEachPass, retire, warn_once_on_affected_python
 
 __all__ = [
     "LIBRARY",
@@ -128,12 +128,11 @@ def combined_as_mixture(loader: Any) -> tuple[Mixture, dict[str, Any]]:
         raise UnsupportedLoaderError(
             f"LitData's CombinedStreamingDataset with {why} cannot be read as a Mixture; write {written}"
         )
-    refuse_persistent_workers(loader, "LitData's loader")
     collate_fn = _users_collate_fn(loader)
     mixture = Mixture(
         dict(zip(names, datasets, strict=True)), dict(zip(names, weights, strict=True)), shuffle=True in shuffles
     )
-    return mixture, forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn)
+    return mixture, forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn, **kept_workers(loader))
 
 
 def mixture_source(dataset: StreamingDataset, window: int) -> LitDataChunkReader:
@@ -253,7 +252,16 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         # ``restore`` flag only when a pass runs out, and Lightning stops a sized loader's pass at its
         # length without exhausting it: LitData then replayed the interrupted epoch's tail.
         self.restore = self.record.resuming
+        previous_epoch, previous_batches = self.record.epoch, self.record.batches
         epoch = self.pass_epoch()
+        kept: Any = getattr(self, "_iterator", None)  # torch's iterator whose workers a persistent loader keeps
+        if self.persistent_workers and self.num_workers > 0 and kept is not None:
+            # Kept workers read the next pass from their own copies of the dataset, whose epoch LitData adds 1 to
+            # as each worker runs out: right only after a whole epoch read, and never for a restored state.
+            whole = not self.restore and epoch == previous_epoch + 1 and previous_batches >= len(self)
+            if not whole:
+                retire(kept)
+                self._iterator = None
         self._fresh_epoch = None if self.restore else epoch
         if not self.restore:  # LitData adds 1 at each fresh pass: its epochs count from 1
             self.current_epoch = epoch
@@ -329,9 +337,8 @@ def make_litdata_resumable(loader: Any, *, seed: int, epoch_source: Callable[[],
             " pass iterate_over_all=False (read as a Mixture, exact with any workers and world size), or write "
             + _written(names, weights, loader, shuffle=any(each.shuffle for each in datasets))
         )
-    refuse_persistent_workers(loader, "LitData's loader")
     for stream, each in enumerate(datasets):  # a combined dataset's samples share their indices
         randomness.seed_each_sample(each, seed, _epoch_of, _index_of, stream)
     collate_fn = loader.collate_fn.collate_fn if own else loader.collate_fn  # LitData's wraps the user's
-    settings = forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn)
+    settings = forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn, **kept_workers(loader))
     return LitDataLoader(dataset, epoch_source=epoch_source, **settings)

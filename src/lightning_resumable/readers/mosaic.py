@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import torch
 from streaming import StreamingDataLoader, StreamingDataset
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -38,7 +39,7 @@ from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoader
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.libraries import LIBRARIES, is_of
 from lightning_resumable.readers.recording import PassRecord
-from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, refuse_persistent_workers
+from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, kept_workers
 from lightning_resumable.readers.workers import ForkingEachPass, warn_once_on_affected_python
 
 __all__ = ["LIBRARY", "MosaicLoader", "build", "make_mosaic_resumable", "mixture_source", "recognises"]
@@ -67,11 +68,13 @@ def build(loader: Any, options: BuildOptions) -> Built:
 
 
 _EPOCH = "_lightning_resumable_epoch"
-"""The dataset's attribute holding the pass's epoch, set before its workers copy it."""
+"""The dataset's attribute holding the pass's epoch: a tensor in shared memory, which every worker's copy shares,
+so that workers kept from pass to pass (``persistent_workers=True``) read each pass's epoch too."""
 
 
 def _epoch_of(dataset: StreamingDataset) -> int:
-    return int(getattr(dataset, _EPOCH, 0))
+    epoch = getattr(dataset, _EPOCH, None)
+    return 0 if epoch is None else int(epoch)
 
 
 class MosaicLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type: ignore[misc]  # streaming is untyped
@@ -94,7 +97,7 @@ class MosaicLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type:
         dataset = self.dataset
         self.epoch = self.pass_epoch()
         resume, self._resume = self._resume, None
-        setattr(dataset, _EPOCH, self.epoch)  # before the workers copy the dataset
+        shared_epoch(dataset).fill_(self.epoch)  # before the workers read the pass
         # Mosaic's pass reads its epoch and position from the node's shared memory: both are set
         # here, for every pass, as the same values on every rank.
         state = resume or {**self._order, "epoch": self.epoch, "sample_in_epoch": 0}
@@ -129,6 +132,15 @@ class MosaicLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type:
         self._order = {key: state[key] for key in self._order}
         self._next_epoch = int(state["epoch"])
         self.record.resume(batches, next_batch=next_batch)
+
+
+def shared_epoch(dataset: StreamingDataset) -> torch.Tensor:
+    """The dataset's epoch tensor (`_EPOCH`), made in shared memory on first use, in the main process."""
+    epoch = getattr(dataset, _EPOCH, None)
+    if epoch is None:
+        epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        setattr(dataset, _EPOCH, epoch)
+    return epoch  # type: ignore[no-any-return]
 
 
 def seen_world(dataset: StreamingDataset) -> tuple[int, int, int]:
@@ -180,7 +192,6 @@ def make_mosaic_resumable(
             f" batch_size={loader.batch_size}: Mosaic partitions each epoch by the dataset's batch size, so"
             f" a resume is exact only when both are the same; pass batch_size={loader.batch_size} to the dataset"
         )
-    refuse_persistent_workers(loader, "MosaicML Streaming's loader")
     randomness.seed_each_sample(dataset, seed, _epoch_of, int)
-    settings = forwarded_settings(loader, (*DATA_LIBRARY_SETTINGS, "drop_last"))
+    settings = forwarded_settings(loader, (*DATA_LIBRARY_SETTINGS, "drop_last"), **kept_workers(loader))
     return MosaicLoader(dataset, epoch_source=epoch_source, world_size=world_size, **settings)

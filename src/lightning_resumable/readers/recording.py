@@ -16,6 +16,7 @@ from types import MethodType
 from typing import Any
 
 from lightning_resumable.core import randomness
+from lightning_resumable.core.global_batch import sample_digests
 from lightning_resumable.core.verification import digest_of
 from lightning_resumable.errors import StreamPositionError
 
@@ -55,6 +56,8 @@ class PassRecord:
         self._ahead: tuple[Any] | None = None  # batch ``self.batches``, read and not handed out yet
         self._expected_first: str | None = None  # the digest the first batch after a restore must have
         self.first_batch: tuple[str, str] | None = None  # (expected, read) digests of that batch, once read
+        self._first_samples_of: int | None = None  # the batch size of a first batch whose samples are digested
+        self.first_samples: list[str] | None = None  # the digests of that batch's samples, once read
         self.epoch = 0  # the pass's epoch (its reader's `pass_epoch`)
         # Skipped steps (`lightning_resumable.lightning.stream_owner`): per pass, the batches to read and discard
         # before a batch index, from (first index, resumed); and, once done, (epoch, index, discarded, left: what
@@ -73,6 +76,11 @@ class PassRecord:
     def expect_first(self, next_batch: str) -> None:
         """The next pass's first batch must have the digest ``next_batch`` (``""``: unknown)."""
         self._expected_first, self.first_batch = next_batch or None, None
+
+    def digest_first_samples(self, batch_size: int) -> None:
+        """Digest the samples of the next pass's first batch (`first_samples`), of up to ``batch_size`` samples: a
+        resume on another layout checks the global batch (`lightning_resumable.core.global_batch`)."""
+        self._first_samples_of, self.first_samples = batch_size, None
 
     @property
     def holds_state(self) -> bool:
@@ -105,6 +113,8 @@ class PassRecord:
             (batch,), self._ahead = self._ahead, None
             if self._expected_first is not None:
                 self.first_batch, self._expected_first = (self._expected_first, digest_of(batch)), None
+            if self._first_samples_of is not None:
+                self.first_samples, self._first_samples_of = sample_digests(batch, self._first_samples_of), None
             self.batches += 1
             yield batch
 
@@ -192,6 +202,11 @@ class PassRecord:
         loader made it.
         """
         return digest_of(self._read[batches]) if batches in self._read else ""
+
+    def next_sample_digests(self, batches: int, batch_size: int) -> list[str]:
+        """The digests of the samples of batch ``batches`` of the epoch (`next_batch_digest`'s), if it has been read
+        and its samples can be told apart; else ``[]``."""
+        return sample_digests(self._read[batches], batch_size) if batches in self._read else []
 
 
 class _LoaderMethod:

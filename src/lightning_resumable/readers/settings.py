@@ -10,9 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_resumable.errors import UnsupportedLoaderError
-
-__all__ = ["DATA_LIBRARY_SETTINGS", "TORCH_SETTINGS", "forwarded_settings", "refuse_persistent_workers"]
+__all__ = ["DATA_LIBRARY_SETTINGS", "TORCH_SETTINGS", "forwarded_settings", "kept_workers"]
 
 TORCH_SETTINGS = (
     *("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn"),
@@ -41,9 +39,7 @@ def forwarded_settings(loader: Any, names: Sequence[str], **overrides: Any) -> d
     return settings
 
 
-def refuse_persistent_workers(loader: Any, what: str, why: str = "") -> None:
-    """Raise `UnsupportedLoaderError` if ``loader`` (``what``, named in the message) keeps its workers
-    from pass to pass; ``why``: what that would break."""
-    if loader.num_workers > 0 and loader.persistent_workers:
-        reason = f": {why}" if why else ""
-        raise UnsupportedLoaderError(f"{what} with persistent_workers=True{reason}; pass persistent_workers=False")
+def kept_workers(loader: Any) -> dict[str, Any]:
+    """``persistent_workers=True`` for a loader built in place of ``loader`` when ``loader`` keeps its workers
+    from pass to pass (a data library's own loader is built without the setting otherwise, as the user's)."""
+    return {"persistent_workers": True} if loader.num_workers > 0 and loader.persistent_workers else {}
