@@ -202,3 +202,39 @@ def test_the_state_recorded_before_a_batch_is_unchanged_after_the_pass_reads_on(
     assert len(list(reader)) == BATCHES
     assert recorded == taken
     assert recorded["dataset"]["subsampled_files"] is not None
+
+
+@pytest.mark.parametrize(("num_workers", "batch_size"), [(0, 4), (2, 4), (2, 5), (3, 4)])
+def test_litdatas_order_on_a_layout_is_its_plan_read_in_the_workers_turns(
+    chunks: Path, num_workers: int, batch_size: int
+) -> None:
+    """What resuming LitData's loader on another layout stands on (issue 55): the batches LitData's own loader hands
+    out are computed from its plan without reading a sample (epochs 1 and 2, workers of unequal shares)."""
+    from lightning_resumable.internals._litdata_plan import planned_batches
+
+    for epoch in (1, 2):
+        context = {"multiprocessing_context": "fork"} if num_workers else {}
+        own = litdata.StreamingDataLoader(
+            train.litdata_stream(chunks), batch_size=batch_size, num_workers=num_workers, **context
+        )
+        own.current_epoch = epoch - 1  # LitData adds 1 as the pass starts
+        read = [batch[0].tolist() for batch in own]
+        plan = planned_batches(
+            train.litdata_stream(chunks),
+            world_size=1,
+            rank=0,
+            num_workers=num_workers,
+            batch_size=batch_size,
+            epoch=epoch,
+        )
+        assert [[index for _, index in batch] for batch in plan] == read, epoch
+
+
+def test_the_plans_of_a_layouts_ranks_share_out_the_epoch(chunks: Path) -> None:
+    """Two ranks of 2 workers: every sample once (LitData drops what does not fill the ranks alike)."""
+    from lightning_resumable.internals._litdata_plan import planned_batches
+
+    dataset = train.litdata_stream(chunks)
+    plans = [planned_batches(dataset, world_size=2, rank=rank, num_workers=2, batch_size=4, epoch=1) for rank in (0, 1)]
+    samples = [index for plan in plans for batch in plan for _, index in batch]
+    assert len(samples) == len(set(samples)) and len(plans[0]) == len(plans[1]) and len(samples) > 40

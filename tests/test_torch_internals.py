@@ -117,3 +117,31 @@ def test_an_event_is_read_without_its_lock() -> None:
     event.set()
     with event._cond:  # type: ignore[attr-defined]
         assert is_set_without_locking(event)
+
+
+class _Uneven(torch.utils.data.IterableDataset[int]):
+    """Worker ``w`` yields ``SAMPLES[w]`` samples, numbered ``100 * w`` on."""
+
+    SAMPLES = (5, 2, 7)
+
+    def __iter__(self) -> Any:
+        worker = torch.utils.data.get_worker_info()
+        assert worker is not None
+        return iter(range(100 * worker.id, 100 * worker.id + self.SAMPLES[worker.id]))
+
+
+def test_workers_take_turns_and_one_that_runs_out_is_passed_over_whatever_the_prefetch() -> None:
+    """What issue 55's one stream order for every layout stands on (docs/development.md): a loader's epoch is its
+    workers' batches in turn, each worker's last batch partial, a worker that has run out passed over, so the
+    order is a function of what each worker holds, not of timing (``prefetch_factor``)."""
+    batch_size, left = 2, [list(range(100 * w, 100 * w + n)) for w, n in enumerate(_Uneven.SAMPLES)]
+    expected, turn = [], 0
+    while any(left):
+        worker = turn % len(left)
+        if left[worker]:
+            expected.append(left[worker][:batch_size])
+            left[worker] = left[worker][batch_size:]
+        turn += 1
+    for prefetch in (1, 3):
+        loader = DataLoader(_Uneven(), batch_size=batch_size, num_workers=3, prefetch_factor=prefetch)
+        assert [batch.tolist() for batch in loader] == expected, prefetch

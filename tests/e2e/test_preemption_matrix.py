@@ -40,12 +40,14 @@ WEB_DATASET_PREEMPTION_SEEDS = (21, 174, 257, 326)
 """Drawn preemptions of a WebDataset pipeline (issue 46; CI's extras step): SLURM's requeue signal to rank 1 at a
 step, 0 workers; SIGTERM to every rank as the next epoch's 2 workers start; SIGTERM to the group at the epoch's
 last batch, after a first resume, 2 workers (found the epoch-end defect); SIGTERM to the group in a validation."""
-LIBRARY_PREEMPTION_SEEDS = (0, 2, 4, 7, 9, 11, 13, 14, 25, 33, 40, 47, 200)
+LIBRARY_PREEMPTION_SEEDS = (0, 2, 4, 7, 9, 11, 13, 14, 25, 33, 40, 47, 200, 838557569, 851231692)
 """LitData's and Mosaic's loaders, in CI's extras step: a cover of what `draw_library_preemption` draws, with the
 group signal to a chunked mixture (LitData's and Mosaic's datasets in a ``Mixture``, 2 workers) in the first epoch
 after a resume (25), to LitData's loader in the epoch a resume started (200) and to Mosaic's loader (4). (7, a
 chunked mixture whose workers the forkserver starts, found a LitData source read in the rank unpicklable for the
-next epoch's workers: `tests/test_litdata_internals.py` reproduces it.)"""
+next epoch's workers: `tests/test_litdata_internals.py` reproduces it.) Workers kept from pass to pass (issue 55):
+838557569, a chunked mixture's spawned workers, SLURM's requeue signal to rank 1 at a step; 851231692, Mosaic's
+loader's 2 workers by forkserver as the default, SIGTERM to rank 0 in the sanity check."""
 
 
 def _judged(runner: Runner, seed: int, drawn: tuple[object, Preemption], rerun: str) -> None:
