@@ -74,10 +74,16 @@ def launch(
         )
 
 
+def _proc_files(name: str) -> list[Path]:
+    """``/proc/PID/name`` of every process now: listed by name, not globbed (pathlib's glob checks each path it
+    builds exists, and one of a process that ends meanwhile raised ``ProcessLookupError`` out of the glob itself)."""
+    return [Path("/proc", pid, name) for pid in os.listdir("/proc") if pid.isdigit()]
+
+
 def living_members(group: int) -> list[int]:
     """The processes of process group ``group`` that are alive (not zombies), from ``/proc``."""
     members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for stat in _proc_files("stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (command)": state, ppid, pgrp...
         except (FileNotFoundError, ProcessLookupError, IndexError):
@@ -184,7 +190,7 @@ def members_with(group: int, token: str) -> list[int]:
         if leader.read_text().rsplit(")", 1)[1].split()[0] != "Z":
             members.add(group)
     needle = token.encode()
-    for environ in Path("/proc").glob("[0-9]*/environ"):
+    for environ in _proc_files("environ"):
         try:
             if needle in environ.read_bytes():
                 stat = (environ.parent / "stat").read_text().rsplit(")", 1)[1].split()
