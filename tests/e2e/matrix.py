@@ -152,9 +152,10 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
     kept = random.Random(seed * 7561 + 55).random() < 0.3 and seed not in PERSISTENT_AFTER
     if kept and scenario.data in ("map", "hf", "wds", "stream") and scenario.num_workers and not scenario.wds_form:
         scenario, reference = replace(scenario, persistent_workers=True), replace(reference, persistent_workers=True)
-    # ... and for a mixture (salted apart, so the kinds above keep their draws; not for the seeds CI ran before).
+    # ... and for a mixture and several loaders (salted apart, so the kinds above keep their draws; not for the seeds
+    # CI ran before).
     kept = random.Random(seed * 7561 + 5555).random() < 0.3 and seed not in MIXTURE_KEPT_AFTER
-    if kept and scenario.data == "mixture" and scenario.num_workers:
+    if kept and scenario.data in ("mixture", "combined", "dict") and scenario.num_workers:
         scenario, reference = replace(scenario, persistent_workers=True), replace(reference, persistent_workers=True)
     # Issue 55: another batch size at the resume (a ramp, or a batch that fits another GPU) for a map-style loader (on
     # the same or another world size) and a mixture whose schedule stays; salted, and not for the seeds CI ran
