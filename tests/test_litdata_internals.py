@@ -5,6 +5,7 @@ replayed as the next epoch."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -73,15 +74,30 @@ def test_a_pass_resumed_twice_reads_the_uninterrupted_epoch(chunks: Path, num_wo
         each.retire_workers()
 
 
-def test_another_layout_is_refused_for_litdata_until_it_is_resumed_elastically(chunks: Path) -> None:
-    saved = StreamState(1, 0, 3, 2, 2, False, False, [{}, {}], reader="litdata")
-    with_workers, without = loader(chunks, 2, [0]), loader(chunks, 0, [0])
-    assert with_workers.world_size_refusal(saved) is not None
+def test_another_layout_resumes_the_epoch_at_its_place_and_a_combined_dataset_is_refused(chunks: Path) -> None:
+    """A plain ``StreamingDataset``'s state on another layout becomes its place in the epoch's global sequence
+    (`Elsewhere`: the layout that began it, the samples trained); a fresh pass stays one; a
+    ``CombinedStreamingDataset``'s layout is still its own (`WorldSizeChangedError`)."""
+    from lightning_resumable.readers.litdata_elsewhere import Elsewhere
+
+    saving = loader(chunks, 2, [0])
+    batches = iter(saving)
+    for _ in range(3):
+        next(batches)
+    saved = StreamState(1, 0, 3, 1, 2, False, False, [saving.state_after(3)], reader="litdata", batch_size=4)
+    del batches
+    saving.retire_workers()
+    resuming = loader(chunks, 0, [0])
+    assert resuming.world_size_refusal(saved) is None
+    at = Elsewhere.from_state(resuming.state_for_rank(saved, 0, 1))
+    assert (at.world_size, at.num_workers, at.batch_size, at.epoch, at.position, at.batches) == (1, 2, 4, 1, 12, 3)
+    fresh = replace(saved, batches=0, ranks=[saving.state_after(0)])
+    assert resuming.state_for_rank(fresh, 0, 1) == saving.state_after(0)
+    combined = litdata.CombinedStreamingDataset([train.litdata_stream(chunks), train.litdata_stream(chunks)])
+    other = make_litdata_resumable(litdata.StreamingDataLoader(combined, batch_size=4), seed=3, epoch_source=lambda: 0)
+    assert other.world_size_refusal(saved) is not None
     with pytest.raises(WorldSizeChangedError, match="does not resume LitData elastically yet"):
-        with_workers.state_for_rank(saved, 0, 1)
-    with pytest.raises(WorldSizeChangedError, match="num_workers=2 and resumes on 2 with num_workers=0"):
-        without.state_for_rank(saved, 0, 2)
-    assert with_workers.state_for_rank(saved, 1, 2) == {}  # LitData's state: torchdata's structure is not checked
+        other.state_for_rank(saved, 0, 2)
 
 
 def test_a_seeded_dataset_pickles_for_a_spawned_worker_as_the_users_class_seeded_again(chunks: Path) -> None:

@@ -396,6 +396,49 @@ def elastic_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
     return problems + augmented_and_later_problems(runner, outcome, new_size, scenario.batch_size)
 
 
+def epoch_sequence(records: Records, epoch: int) -> list[int]:
+    """The epoch's samples in global order: step after step, rank after rank in a step."""
+    steps: dict[int, list[tuple[int, list[int]]]] = {}
+    for rank, rank_records in records.items():
+        for record in rank_records:
+            if record["epoch"] == epoch:
+                steps.setdefault(record["batch"], []).append((rank, record["ids"]))
+    return [sample for batch in sorted(steps) for _, ids in sorted(steps[batch]) for sample in ids]
+
+
+def elsewhere_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
+    """What docs/litdata.md promises of LitData's loader resumed on another layout (world size, workers, batch size):
+    the interrupted epoch goes on in the global order the first layout would have trained it (a last uneven global
+    batch padded from the rest's start), each sample with its augmentation; the next epochs are a fresh run's of the
+    new layout."""
+    scenario, full, stopped, resumed = outcome.scenario, outcome.full, outcome.stopped, outcome.resumed
+    epoch, world_size = scenario.stop_epoch, scenario.resume_world_size or scenario.world_size
+    batch_size = scenario.resume_batch_size or scenario.batch_size * scenario.world_size // world_size
+    expected, trained = epoch_sequence(full, epoch), epoch_sequence(stopped, epoch) + epoch_sequence(resumed, epoch)
+    problems = []
+    padding = trained[len(expected) :]
+    if trained[: len(expected)] != expected or len(padding) >= world_size * batch_size or set(padding) - set(expected):
+        problems.append(f"epoch {epoch}: trained {trained}, not {expected} (+ padding)")
+    augmented = augmentation_by_id(full, epoch=epoch)
+    for sample, values in augmentation_by_id(stopped, resumed, epoch=epoch).items():
+        if any(value != augmented[sample][0] for value in values):
+            problems.append(f"epoch {epoch}: sample {sample} augmented {values}, not {augmented[sample][0]}")
+            break
+    workers = scenario.num_workers if scenario.resume_num_workers is None else scenario.resume_num_workers
+    layout = {"world_size": world_size, "batch_size": batch_size, "num_workers": workers}
+    fresh = runner.full(
+        replace(scenario, **layout, resume_world_size=None, resume_num_workers=None, resume_batch_size=None)  # type: ignore[arg-type]
+    )
+
+    def later(records: Records) -> dict[int, list[tuple[Any, ...]]]:
+        kept = ("epoch", "batch", "ids", "aug")
+        return {rank: [tuple(r[k] for k in kept) for r in rs if r["epoch"] > epoch] for rank, rs in records.items()}
+
+    if later(resumed) != later(fresh) or (scenario.epochs > epoch + 1 and not any(later(resumed).values())):
+        problems.append(f"the epochs after {epoch} are not a fresh run's on {layout}")
+    return problems
+
+
 def global_batch_mismatches(outcome: Outcome) -> list[str]:
     """What docs/mosaic.md promises of a resume on another world size at the same global batch: every step trains the
     samples (with their augmentations) that all ranks of the uninterrupted run trained together at that step, and
@@ -541,6 +584,15 @@ def draw_library_case(seed: int) -> Scenario:
         scenario = replace(scenario, persistent_workers=True)
     if data == "mosaic" and later.random() < 0.3 and seed not in MIXTURE_KEPT_AFTER:
         scenario = replace(scenario, resume_world_size=3 - scenario.world_size)
+    # LitData's loader on another layout: world size, workers, batch size, each or together (salted apart).
+    moved = random.Random(seed * 104729 + 5505)
+    if data == "litdata" and seed not in MIXTURE_KEPT_AFTER and moved.random() < 0.5:
+        if moved.random() < 0.5:
+            scenario = replace(scenario, resume_world_size=3 - scenario.world_size)
+        if moved.random() < 0.5:
+            scenario = replace(scenario, resume_num_workers=moved.choice((0, 1, 2, 3)))
+        if moved.random() < 0.4 or (scenario.resume_world_size, scenario.resume_num_workers) == (None, None):
+            scenario = replace(scenario, resume_batch_size=moved.choice((2, 6, 8)))
     return scenario
 
 
@@ -619,6 +671,9 @@ def case_problems(runner: Runner, scenario: Scenario, reference: Scenario) -> li
     if scenario.wds_refused:
         return refused_problems(runner, scenario)
     outcome = Outcome(scenario, runner.full(reference), runner.stopped(scenario), runner.resumed(scenario))
+    resized = (scenario.resume_world_size, scenario.resume_num_workers, scenario.resume_batch_size)
+    if scenario.data == "litdata" and resized != (None, None, None):
+        return elsewhere_mismatches(runner, outcome)
     if scenario.resume_batch_size is not None and scenario.data == "mixture":
         return mixture_elastic_mismatches(runner, outcome, replace(reference, resume_batch_size=None))
     if scenario.resume_batch_size is not None:

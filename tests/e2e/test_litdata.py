@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from .chains import Leg, run_chain
 from .harness import Runner, Scenario, check_run_exits
-from .matrix import library_data_written
+from .matrix import elsewhere_mismatches, epoch_sequence, library_data_written
 
 pytest.importorskip("litdata")
 
@@ -82,8 +83,8 @@ def test_control_litdatas_own_resume_on_one_process_does_not_train_the_interrupt
 ) -> None:
     """Plain Lightning with LitData's loader, stopped on 2 processes and resumed on 1 at the same global
     batch (4 -> 8 per process), LitData's own elastic resume: the interrupted epoch does not train each
-    of its 48 samples once. The library refuses such a resume (`WorldSizeChangedError`) rather than
-    take it."""
+    of its 48 samples once. The library resumes such an epoch in the order that began it instead
+    (`test_litdatas_loader_resumed_on_another_layout_goes_on_in_the_interrupted_epochs_order`)."""
     scenario = replace(PLAIN[1], resume_world_size=1)
     epoch = scenario.stop_epoch
     stopped, resumed = litdata_runner.stopped(scenario), litdata_runner.resumed(scenario)
@@ -104,3 +105,44 @@ def test_a_run_stopped_by_max_steps_exits_on_its_own(litdata_runner: Runner, wor
     check_run_exits(
         litdata_runner.root, Scenario(world_size=2, num_workers=workers, loader="StreamingDataLoader", data="litdata")
     )
+
+
+ELSEWHERE = [
+    replace(EXACT[1], resume_world_size=1),  # 2 -> 1 process, the global batch kept (4 -> 8 each)
+    replace(EXACT[1], world_size=1, resume_world_size=2),  # 1 -> 2 processes (4 -> 2 each)
+    replace(EXACT[1], resume_num_workers=0),  # 2 workers -> none
+    replace(EXACT[1], resume_num_workers=3, resume_batch_size=6),  # 2 -> 3 workers, batches of 4 -> 6
+    replace(EXACT[1], persistent_workers=True, resume_batch_size=2),  # a ramp down, workers kept
+    replace(EXACT[1], stop_kind="last_batch", resume_world_size=1),  # at an epoch's end: the next one is fresh
+    replace(EXACT[1], stop_kind="validation", resume_num_workers=1, resume_batch_size=8),  # at a validation
+]
+
+
+@pytest.mark.parametrize("scenario", ELSEWHERE, ids=lambda scenario: scenario.label())
+def test_litdatas_loader_resumed_on_another_layout_goes_on_in_the_interrupted_epochs_order(
+    litdata_runner: Runner, scenario: Scenario
+) -> None:
+    """Issue 55: the interrupted epoch's samples go on in the global order the first layout would have trained them
+    (the rest of its sequence, dealt in global batches of the new layout; a last uneven one padded from the rest's
+    start), each with its augmentation; the next epochs are what a fresh run of the new layout reads."""
+    assert elsewhere_mismatches(litdata_runner, litdata_runner.run(scenario)) == []
+
+
+def test_an_epoch_resumed_on_another_layout_resumes_again_on_a_third(litdata_runner: Runner) -> None:
+    """A chain: 2 processes with 2 workers stopped in epoch 1; resumed on 1 process (batches of 8) and stopped one
+    batch later, inside the epoch it continues (its checkpoint holds the first layout and the global position);
+    resumed on 2 processes without workers. The interrupted epoch trains in the uninterrupted run's global order,
+    and the next epoch is a fresh run's of the last layout."""
+    scenario = EXACT[1]
+    legs = [
+        Leg("batch_end", epoch=1, batch=1),
+        Leg("batch_end", epoch=1, batch=2, world_size=1),
+        Leg("end", num_workers=0),
+    ]
+    steps, _ = run_chain(litdata_runner.root / "litdata-three-layouts", scenario, legs)
+    expected, trained = epoch_sequence(litdata_runner.full(scenario), 1), epoch_sequence(steps, 1)
+    assert trained[: len(expected)] == expected and len(trained) - len(expected) < 8
+    fresh = litdata_runner.full(replace(scenario, num_workers=0))
+    assert [record["ids"] for record in steps[0] if record["epoch"] == 2] == [
+        record["ids"] for record in fresh[0] if record["epoch"] == 2
+    ]

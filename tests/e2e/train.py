@@ -988,9 +988,16 @@ class PlainData(L.LightningDataModule):
             second = litdata_stream(root / LITDATA_SECOND_DIR)
             self.train_set = CombinedStreamingDataset([self.train_set, second], seed=5)
         loader_type = StreamingDataLoader if self.config["loader"] == "StreamingDataLoader" else DataLoader
-        # The global batch stays the same on another world size (where LitData resumes elastically).
+        # The global batch stays the same on another world size, unless the resume gives another batch size.
         batch_size = self.config["batch_size"] * self.config["first_world_size"] // self.config["world_size"]
         workers = self.config["num_workers"]
+        if self.config["phase"].startswith("resume"):
+            workers = (
+                self.config.get("resume_num_workers", workers)
+                if self.config.get("resume_num_workers") is not None
+                else workers
+            )
+            batch_size = self.config.get("resume_batch_size") or batch_size
         return loader_type(
             self.train_set, batch_size=batch_size, num_workers=workers, **kept_workers(self.config, workers)
         )

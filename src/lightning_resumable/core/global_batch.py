@@ -71,11 +71,17 @@ def _split(value: object, size: int) -> list[Any] | None:
 
 
 def check_first_global_batch(
-    recorded: Sequence[Sequence[str]], read: Sequence[Sequence[str] | None], epoch: int, batches: int
+    recorded: Sequence[Sequence[str]],
+    read: Sequence[Sequence[str] | None],
+    epoch: int,
+    batches: int,
+    in_order: bool = False,
 ) -> str:
     """Compare the samples all ranks read first after the resume with those all saving ranks recorded.
 
     ``recorded``: each saving rank's sample digests; ``read``: each resumed rank's (``None`` or ``[]``: unknown).
+    ``in_order``: the resumed layout deals the global sequence rank after rank (LitData's epoch resumed
+    elsewhere): the samples both hold are compared in order, whatever the two global batches' sizes.
 
     Returns:
         ``""`` if checked, else why not (for the log).
@@ -85,6 +91,19 @@ def check_first_global_batch(
     """
     if any(not samples for samples in recorded) or any(not samples for samples in read):
         return "a batch whose samples cannot be told apart (its collation keeps no first dimension per sample)"
+    if in_order:
+        before = [digest for samples in recorded for digest in samples]
+        after = [digest for samples in read for digest in samples or ()]
+        both = min(len(before), len(after))
+        differing = sum(1 for one, other in zip(before[:both], after[:both], strict=True) if one != other)
+        if differing:
+            raise ResumeVerificationError(
+                f"the first global batch after the checkpoint (epoch {epoch}, after {batches} batches), read on another"
+                f" layout, is not the one the checkpoint recorded: {differing} of the {both} samples both hold differ"
+                " in the global order; training on would not continue the interrupted run. If the stream cannot"
+                " yield the same samples twice, pass ResumableDataCallback(verify=False)"
+            )
+        return ""
     saved = collections.Counter(digest for samples in recorded for digest in samples)
     now = collections.Counter(digest for samples in read for digest in samples or ())
     if saved.total() != now.total():

@@ -71,19 +71,23 @@ class StreamOwner(Owner[StreamState]):
             # Each rank verifies its own next batch, on the world size that recorded them.
             if verify and saved.next_batch is None:
                 rank_zero_info("lightning_resumable: the checkpoint holds no batch digest; the resume is not verified")
-            verifiable = verify and saved.world_size == self.world_size
+            batch_size = getattr(self.loader, "batch_size", None)
+            layout_kept = saved.world_size == self.world_size and (
+                not self._resumes_anywhere
+                or (saved.num_workers, saved.batch_size) == (self.loader.num_workers, batch_size)
+            )
+            verifiable = verify and layout_kept
             recorded = saved.next_batch if verifiable else None
             self.loader.resume_from(state, saved.batches, recorded[self.rank] if recorded else "")
             self.verifying = (saved.epoch, saved.batches) if recorded else None
-            # On another world size only the global batch is the checkpoint's: checked sample by sample.
+            # On another layout only the global batch is the checkpoint's: checked sample by sample.
             samples = saved.next_samples if verify and not verifiable else None
-            batch_size = getattr(self.loader, "batch_size", None)
             if samples is not None and isinstance(batch_size, int):
                 self.loader.record.digest_first_samples(batch_size)
                 self.verifying, self.verifying_samples = (saved.epoch, saved.batches), samples
             elif verify and not verifiable:
                 rank_zero_info(
-                    "lightning_resumable: the stream resumes on another world size and its checkpoint holds no"
+                    "lightning_resumable: the stream resumes on another layout and its checkpoint holds no"
                     " digests of its next samples; the resume is not verified"
                 )
         else:
@@ -92,12 +96,20 @@ class StreamOwner(Owner[StreamState]):
                 f" resumes epoch {epoch}"
             )
 
+    @property
+    def _resumes_anywhere(self) -> bool:
+        """Whether the loader resumes its epoch on another layout in the order that began it (LitData's)."""
+        return bool(getattr(self.loader, "resumes_on_any_layout", False))
+
+    def rebuild_at_epoch_end(self, epoch: int) -> bool:
+        return bool(getattr(self.loader, "resumed_elsewhere", False))  # counted on this layout from the next epoch
+
     def _refuse_another_batch_size(self, saved: StreamState) -> None:
         """A stream's position per rank is its readers' (each loader worker yields whole batches of its own samples):
         another batch size regroups them, and the order after the resume would not be the uninterrupted run's. (A
         position of all ranks together is its reader's to check: Mosaic's counts global batches.)"""
         batch_size = getattr(self.loader, "batch_size", None)
-        if saved.batch_size is None or batch_size is None or saved.global_position:
+        if saved.batch_size is None or batch_size is None or saved.global_position or self._resumes_anywhere:
             return  # not recorded (a state before version 4), or a loader whose batch size is its dataset's
         if saved.batch_size != batch_size:
             raise IncompatibleStateError(
@@ -119,7 +131,7 @@ class StreamOwner(Owner[StreamState]):
         global_position = any(getattr(each, GLOBAL_POSITION_ATTRIBUTE, False) for each in (loader, loader.dataset))
         batch_size = getattr(loader, "batch_size", None)
         # A global position may resume on another world size, where only the global batch can be checked.
-        elastic = at.verify and global_position and isinstance(batch_size, int)
+        elastic = at.verify and (global_position or self._resumes_anywhere) and isinstance(batch_size, int)
         samples = loader.record.next_sample_digests(batches, batch_size) if elastic and batch_size else []
         gathered = all_gather_objects((loader.state_after(batches), digest, loader.finished_after(batches), samples))
         ranks = [state for state, _, _, _ in gathered]
@@ -159,9 +171,8 @@ class StreamOwner(Owner[StreamState]):
         if recorded is None:
             check_first_stream_batches(all_gather_objects(self.loader.first_batch), epoch, batches)
             return
-        unchecked = check_first_global_batch(
-            recorded, all_gather_objects(self.loader.record.first_samples), epoch, batches
-        )
+        read = all_gather_objects(self.loader.record.first_samples)
+        unchecked = check_first_global_batch(recorded, read, epoch, batches, in_order=self._resumes_anywhere)
         if unchecked:
             rank_zero_info(f"lightning_resumable: the first global batch after the resume is not verified: {unchecked}")
 

@@ -21,28 +21,35 @@ state); and ``StreamingDataset.state_dict`` overwriting a loaded state not yet a
 
 from __future__ import annotations
 
-import bisect
-import collections
 import copy
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import Any
 
 from litdata import CombinedStreamingDataset, StreamingDataLoader, StreamingDataset
 from litdata.streaming import dataloader as litdata_dataloader
-from litdata.streaming.item_loader import ParquetLoader, TokensLoader
 from litdata.streaming.sampler import ChunkedIndex
-from litdata.utilities.env import _WorkerEnv
 from torch.utils.data import DataLoader, default_collate
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable.core import randomness
+from lightning_resumable.core.chunks import DEFAULT_WINDOW
 from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.format.envelope import StreamState
 from lightning_resumable.internals._litdata import copy_of_loader_state
 from lightning_resumable.readers import mixture as mixture_reader
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.libraries import LIBRARIES, is_of
+from lightning_resumable.readers.litdata_chunks import LitDataChunkReader
+from lightning_resumable.readers.litdata_elsewhere import (
+    ELSEWHERE,
+    Elsewhere,
+    Remainder,
+    RemainderSamples,
+    elsewhere_of,
+)
 from lightning_resumable.readers.recording import PassRecord
 from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, kept_workers
 from lightning_resumable.readers.workers import ForkingEachPass, retire, warn_once_on_affected_python
@@ -74,7 +81,9 @@ def build(loader: Any, options: BuildOptions) -> Built:
         # Keyed by the run's seed, as every loader the library builds: a resume restores the run's seed from
         # the data state, which seeds each step too (the combined dataset's own seed is LitData's, 42 by default).
         return mixture_reader.build(DataLoader(mixture, **settings), options, False)
-    made = make_litdata_resumable(loader, seed=options.seed, epoch_source=options.epoch_source)
+    made = make_litdata_resumable(
+        loader, seed=options.seed, epoch_source=options.epoch_source, rank=options.rank, world_size=options.num_replicas
+    )
     return Built(made, made)
 
 
@@ -140,90 +149,6 @@ def mixture_source(dataset: StreamingDataset, window: int) -> LitDataChunkReader
     return LitDataChunkReader(dataset, window)
 
 
-class LitDataChunkReader:
-    """LitData's ``StreamingDataset`` as a `Mixture` reads it: by an index that names the chunk, each chunk
-    fetched once and held while this process reads it.
-
-    LitData's own read treats a change of chunk as the end of the previous one (a file-locked release,
-    its memory map closed), which a mixture's window, read in a permuted order, makes at nearly every
-    sample (measured: 14 times slower). Here a process holds the last ``2 * window`` chunks it read (a
-    window and the next) and releases a chunk as LitData's read does when it falls out, so a bounded
-    cache (``max_cache_size``) may delete it. The chunk table is taken in the process that reads, as
-    LitData's ``__getitem__`` takes it; the dataset's own ``__getitem__`` (a user's subclass) is called.
-    """
-
-    def __init__(self, dataset: StreamingDataset, window: int) -> None:
-        self.dataset, self.held = dataset, 2 * window
-        self._firsts: list[int] = []
-        self._intervals: list[Any] = []
-
-    def __len__(self) -> int:  # all its samples: LitData's len is one rank's share under DDP
-        return sum(int(end) - int(start) for start, end in self.dataset.region_of_interest)
-
-    def __getitem__(self, index: int) -> Any:
-        if not self._intervals:
-            self._start_reading()
-        chunk = bisect.bisect_right(self._firsts, index) - 1
-        return self.dataset[ChunkedIndex(int(self._intervals[chunk][1]) + index - self._firsts[chunk], chunk)]
-
-    def _start_reading(self) -> None:
-        dataset = self.dataset
-        if dataset.cache is None:  # as LitData's __getitem__ makes it
-            dataset.worker_env = _WorkerEnv.detect()
-            dataset.cache = dataset._create_cache(worker_env=dataset.worker_env)
-        if not isinstance(dataset.cache, _HeldChunks):
-            dataset.cache = _HeldChunks(dataset.cache, self.held)
-        self._intervals, first = list(dataset.cache.get_chunk_intervals()), 0
-        for interval in self._intervals:
-            self._firsts.append(first)
-            first += int(interval[2]) - int(interval[1])
-
-    def __getstate__(self) -> dict[str, Any]:  # a worker takes the table in its own process
-        return {"dataset": self.dataset, "held": self.held, "_firsts": [], "_intervals": []}
-
-
-class _HeldChunks:
-    """LitData's ``Cache`` whose reads by ``ChunkedIndex`` hold the last ``held`` chunks (private LitData API:
-    its reader's config, download request, item loader and release, as ``BinaryReader.read`` uses them)."""
-
-    def __init__(self, cache: Any, held: int) -> None:
-        self._cache, self._held, self._open = cache, held, collections.OrderedDict[int, None]()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_cache":  # not set yet (unpickling, in a worker not forked): don't recurse
-            raise AttributeError(name)
-        return getattr(self._cache, name)
-
-    def __getitem__(self, index: Any) -> Any:
-        if not isinstance(index, ChunkedIndex):
-            return self._cache[index]
-        reader = self._cache._reader
-        if reader._config is None and reader._try_load_config() is None:
-            raise RuntimeError(f"LitData's index of {self._cache._cache_dir} cannot be read")
-        chunk = index.chunk_index
-        if chunk in self._open:
-            self._open.move_to_end(chunk)
-        else:
-            reader.setup_thread_and_download_chunk(index)  # fetched (and counted as in use) if remote
-            self._open[chunk] = None
-            while len(self._open) > self._held:
-                self._release(reader, self._open.popitem(last=False)[0])
-        path, begin, size = reader.config[index]
-        if reader._pytree_loader:
-            return reader._item_loader.load_item_from_chunk(index.index, chunk, path, begin, size, reader._encryption)
-        return reader._item_loader.load_item_from_chunk(index.index, chunk, path, begin, size)
-
-    @staticmethod
-    def _release(reader: Any, chunk: int) -> None:
-        config = reader._config
-        if (config._remote_dir or config._compressor) and reader._prepare_thread is not None:
-            reader._prepare_thread._decrement_local_lock(chunk)
-            reader._held_shared.discard(chunk)
-            reader._prepare_thread.delete([chunk])
-        if isinstance(reader._item_loader, (TokensLoader, ParquetLoader)):
-            reader._item_loader.close(chunk)
-
-
 FRESH_PASS = "lightning_resumable.fresh_pass"
 """The key of the state a `LitDataLoader` records after no batch of a fresh pass: the pass's epoch."""
 
@@ -242,12 +167,60 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
     reader = "litdata"
     library = LIBRARY.name
 
-    def __init__(self, *args: Any, epoch_source: Callable[[], int] = lambda: 0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        epoch_source: Callable[[], int] = lambda: 0,
+        rank: int = 0,
+        world_size: int = 1,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.start_reading(PassRecord("LitData's loader", self._state), epoch_source)
         self._fresh_epoch: int | None = None  # the epoch of a pass that starts afresh
+        self.rank, self.world_size = rank, world_size
+        self._remainder: Remainder | None = None  # an interrupted epoch's rest, read on this layout
+
+    @property
+    def resumes_on_any_layout(self) -> bool:
+        """A ``StreamingDataset``'s epoch resumes on another world size, number of workers or batch size
+        (`lightning_resumable.readers.litdata_elsewhere`); a combined dataset's on its own layout only."""
+        return isinstance(self.dataset, StreamingDataset)
+
+    @property
+    def resumed_elsewhere(self) -> bool:
+        """Whether this loader's epoch went on on another layout than the one that began it (the next epochs are
+        counted on this layout: Lightning builds the loader again)."""
+        return self._remainder is not None
+
+    def __len__(self) -> int:
+        if self._remainder is not None:  # the epoch's batches before the resume, then the rest's on this layout
+            return self._remainder.at.batches + self._remainder.steps
+        return int(super().__len__())
+
+    def world_size_refusal(self, saved: StreamState) -> str | None:
+        return None if self.resumes_on_any_layout else super().world_size_refusal(saved)
+
+    def state_for_rank(self, saved: StreamState, rank: int, world_size: int) -> Mapping[str, Any]:
+        """LitData's own state on the layout that wrote it; on another, the epoch's place in its global sequence
+        (`Elsewhere`), unless nothing of it was read (a fresh pass) or all of it. The rest of an epoch going on on
+        another layout is dealt here, so that the loader's length counts it before the restore asks."""
+        layout = (world_size, self.num_workers, self.batch_size)
+        if not self.resumes_on_any_layout or (saved.world_size, saved.num_workers, saved.batch_size) == layout:
+            state = super().state_for_rank(saved, rank, world_size)
+        elif FRESH_PASS in saved.ranks[0] or saved.finished:
+            state = saved.ranks[0]
+        else:
+            state = elsewhere_of(self.dataset, saved).to_state()
+        if ELSEWHERE in state and not saved.finished:  # (a finished one resumes at the next epoch, LitData's own)
+            at = replace(Elsewhere.from_state(state), batches=saved.batches)
+            self._remainder = Remainder(self.dataset, at, rank, world_size, int(self.batch_size))
+        return state
 
     def __iter__(self) -> Iterator[Any]:
+        if self._remainder is not None and self.record.resuming:
+            return self._read_remainder(self._remainder)
+        self._remainder = None  # an epoch that went on elsewhere is over: LitData's own epochs on this layout
         # The pass continues a restored state only right after `resume_from`. LitData clears its
         # ``restore`` flag only when a pass runs out, and Lightning stops a sized loader's pass at its
         # length without exhausting it: LitData then replayed the interrupted epoch's tail.
@@ -269,7 +242,21 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         # Without workers the samples (and their seeds) are read in this process, in next().
         return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0)
 
+    def _read_remainder(self, remainder: Remainder) -> Iterator[Any]:
+        """The interrupted epoch's rest on this layout, each sample read by its chunk and index under its seed."""
+        self.pass_epoch()
+        self._fresh_epoch = None
+        self.dataset.current_epoch = remainder.at.epoch  # the samples' seeds are keyed by LitData's epoch
+        samples = RemainderSamples(LitDataChunkReader(self.dataset, DEFAULT_WINDOW), remainder.pairs)
+        settings = forwarded_settings(self, DATA_LIBRARY_SETTINGS, collate_fn=_users_collate_fn(self))
+        loader = DataLoader(samples, **settings)
+        warn_once_on_affected_python(loader)
+        iterator = self.make_iterator(lambda: iter(loader))
+        return self.record.record(iterator, restore_globals=self.num_workers == 0)
+
     def _state(self) -> dict[str, Any]:
+        if self._remainder is not None:
+            return self._remainder.state_after(self.record.batches)
         state: dict[str, Any] = copy_of_loader_state(StreamingDataLoader.state_dict(self))
         return state
 
@@ -282,7 +269,14 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         return super().state_after(batches)
 
     def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
-        """Continue the next pass from LitData's ``state``, ``batches`` batches into the epoch."""
+        """Continue the next pass from LitData's ``state``, ``batches`` batches into the epoch (or from an
+        `Elsewhere`: the epoch's rest on this layout)."""
+        if ELSEWHERE in state:
+            if self._remainder is None or self._remainder.at.batches != batches:  # not dealt by `state_for_rank`
+                at = replace(Elsewhere.from_state(state), batches=batches)
+                self._remainder = Remainder(self.dataset, at, self.rank, self.world_size, int(self.batch_size))
+            self.record.resume(batches, self._remainder.state_after(batches), next_batch)
+            return
         if FRESH_PASS in state:  # none read yet: a fresh pass of that epoch, its first batch still verified
             self._fresh_epoch = int(state[FRESH_PASS])
             self.start_epoch(self._fresh_epoch)
@@ -303,7 +297,9 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         super().start_epoch(epoch)
 
 
-def make_litdata_resumable(loader: Any, *, seed: int, epoch_source: Callable[[], int]) -> LitDataLoader:
+def make_litdata_resumable(
+    loader: Any, *, seed: int, epoch_source: Callable[[], int], rank: int = 0, world_size: int = 1
+) -> LitDataLoader:
     """``loader`` (LitData's ``StreamingDataLoader``, or a torch ``DataLoader`` or ``StatefulDataLoader``,
     over a ``StreamingDataset`` or a ``CombinedStreamingDataset`` of them) as a `LitDataLoader`: a torch
     loader cannot hand LitData's dataset the counts its ``state_dict`` needs; LitData's loader can.
@@ -341,4 +337,4 @@ def make_litdata_resumable(loader: Any, *, seed: int, epoch_source: Callable[[],
         randomness.seed_each_sample(each, seed, _epoch_of, _index_of, stream)
     collate_fn = loader.collate_fn.collate_fn if own else loader.collate_fn  # LitData's wraps the user's
     settings = forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn, **kept_workers(loader))
-    return LitDataLoader(dataset, epoch_source=epoch_source, **settings)
+    return LitDataLoader(dataset, epoch_source=epoch_source, rank=rank, world_size=world_size, **settings)

@@ -1,0 +1,138 @@
+"""LitData's loader resumed on another layout: another world size, number of workers or batch size (issue 55).
+
+Promise: the interrupted epoch goes on in the order the layout that began it would have read it, and the next
+epochs are LitData's own on the new layout (as a fresh run of it reads them), as a map-style loader resumed on
+another world size does:
+
+- the epoch's global sequence is the first layout's ranks' batches (`planned_batches`: LitData's plan read in
+  torch's turns, without reading a sample), step after step, rank after rank in a step;
+- the resumed run deals the rest of it from the checkpoint's global position to its ranks in global batches of its
+  own size (a last uneven global batch padded from the rest's start, as ``DistributedSampler`` pads), and reads
+  each sample by its chunk and index (`LitDataChunkReader`), under the seed it had (keyed by the epoch and the
+  sample's index), with its own workers;
+- a save inside that epoch writes `ELSEWHERE`: the first layout and the global position, so a chain resumes it on
+  any layout again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from litdata import StreamingDataset
+from torch.utils.data import Dataset
+
+from lightning_resumable.errors import StateFormatError
+from lightning_resumable.format.envelope import StreamState
+from lightning_resumable.internals._litdata_plan import planned_batches
+
+__all__ = ["ELSEWHERE", "Elsewhere", "Remainder", "RemainderSamples", "elsewhere_of"]
+
+ELSEWHERE = "lightning_resumable.elsewhere"
+"""The key of a rank's state (the same on every rank) inside an epoch that goes on on another layout."""
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """Where an epoch begun on one layout stands: that layout (``world_size`` processes on ``num_nodes`` nodes,
+    ``num_workers`` workers, batches of ``batch_size``), LitData's ``epoch`` (from 1), and the samples of its global
+    sequence trained (``position``) after ``batches`` batches of the resumed run's count."""
+
+    world_size: int
+    num_nodes: int
+    num_workers: int
+    batch_size: int
+    epoch: int
+    position: int
+    batches: int
+
+    def to_state(self) -> dict[str, Any]:
+        return {ELSEWHERE: asdict(self)}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Elsewhere:
+        raw = state[ELSEWHERE]
+        if not isinstance(raw, Mapping) or set(raw) != set(cls.__dataclass_fields__):
+            raise StateFormatError(f"a LitData state of an epoch resumed on another layout is malformed: {raw!r:.200}")
+        values = {name: raw[name] for name in cls.__dataclass_fields__}
+        if any(type(value) is not int or value < 0 for value in values.values()):
+            raise StateFormatError(f"a LitData state of an epoch resumed on another layout is malformed: {raw!r:.200}")
+        return cls(**values)
+
+
+def elsewhere_of(dataset: StreamingDataset, saved: StreamState) -> Elsewhere:
+    """The place of ``saved`` (LitData's states of its ranks, or an `ELSEWHERE` of a run that resumed so) in its
+    epoch's global sequence."""
+    state = saved.ranks[0]
+    if ELSEWHERE in state:  # an epoch already going on on another layout: its place, counted anew here
+        return replace(Elsewhere.from_state(state), batches=saved.batches)
+    own = state["dataset"]
+    layout = Elsewhere(
+        world_size=saved.world_size,
+        num_nodes=int(own.get("initial_num_nodes", 1)),
+        num_workers=saved.num_workers,
+        batch_size=int(saved.batch_size or own["batch_size"]),
+        epoch=int(own["current_epoch"]),
+        position=0,
+        batches=saved.batches,
+    )
+    trained = sum(len(batch) for plan in _plans(dataset, layout) for batch in plan[: saved.batches])
+    return replace(layout, position=trained)
+
+
+def _plans(dataset: StreamingDataset, at: Elsewhere) -> list[list[list[tuple[int, int]]]]:
+    return [
+        planned_batches(
+            dataset,
+            world_size=at.world_size,
+            rank=rank,
+            num_workers=at.num_workers,
+            batch_size=at.batch_size,
+            epoch=at.epoch,
+            num_nodes=at.num_nodes,
+        )
+        for rank in range(at.world_size)
+    ]
+
+
+class Remainder:
+    """The rest of an epoch from `Elsewhere`, dealt to ``rank`` of ``world_size`` in batches of ``batch_size``."""
+
+    def __init__(self, dataset: StreamingDataset, at: Elsewhere, rank: int, world_size: int, batch_size: int) -> None:
+        plans = _plans(dataset, at)
+        sequence: list[tuple[int, int]] = []  # step after step, rank after rank in a step
+        for step in range(max(map(len, plans), default=0)):
+            for plan in plans:
+                if step < len(plan):
+                    sequence.extend(plan[step])
+        rest = sequence[at.position :]
+        self.global_batch = world_size * batch_size
+        self.steps = math.ceil(len(rest) / self.global_batch)
+        padding = self.steps * self.global_batch - len(rest)
+        padded = rest + (rest * math.ceil(padding / len(rest)))[:padding] if rest else []
+        self.pairs = []
+        for step in range(self.steps):
+            first = step * self.global_batch + rank * batch_size
+            self.pairs.extend(padded[first : first + batch_size])
+        self.at, self.length = at, len(sequence)
+
+    def state_after(self, batches: int) -> dict[str, Any]:
+        """The state after ``batches`` batches of the resumed run's count (those before the resume included)."""
+        position = self.at.position + (batches - self.at.batches) * self.global_batch
+        return replace(self.at, position=min(position, self.length), batches=batches).to_state()
+
+
+class RemainderSamples(Dataset[Any]):
+    """A rank's samples of a `Remainder`, by position, each read by its chunk and index."""
+
+    def __init__(self, reader: Any, pairs: list[tuple[int, int]]) -> None:
+        self.reader, self.pairs = reader, pairs
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, position: int) -> Any:
+        chunk, index = self.pairs[position]
+        return self.reader.read(chunk, index)
