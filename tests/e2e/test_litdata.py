@@ -111,6 +111,9 @@ ELSEWHERE = [
     replace(EXACT[1], resume_world_size=1),  # 2 -> 1 process, the global batch kept (4 -> 8 each)
     replace(EXACT[1], world_size=1, resume_world_size=2),  # 1 -> 2 processes (4 -> 2 each)
     replace(EXACT[1], resume_num_workers=0),  # 2 workers -> none
+    # Batches of 4 -> 8 on the same 2 processes: the new layout's epoch holds 3 batches, the checkpoint's count (soak
+    # seed 422241577: the resumed epoch was counted in the new layout's units, looked over, and started afresh).
+    replace(EXACT[1], resume_batch_size=8),
     replace(EXACT[1], resume_num_workers=3, resume_batch_size=6),  # 2 -> 3 workers, batches of 4 -> 6
     replace(EXACT[1], persistent_workers=True, resume_batch_size=2),  # a ramp down, workers kept
     replace(EXACT[1], stop_kind="last_batch", resume_world_size=1),  # at an epoch's end: the next one is fresh
