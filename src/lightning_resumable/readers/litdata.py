@@ -292,8 +292,11 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         self.record.resume(batches, copy.deepcopy(dict(state)), next_batch)
 
     def start_epoch(self, epoch: int) -> None:
-        """Make the next pass a fresh one of ``epoch`` (a resume after an epoch's last batch)."""
+        """Make the next pass a fresh one of ``epoch`` (a resume after an epoch's last batch): LitData's own, whose
+        length Lightning counts (a rest dealt for the ended epoch, of no batch, is dropped: its length was the ended
+        epoch's, and the next epoch ran that many batches of the new layout's)."""
         self.restore = False
+        self._remainder = None
         super().start_epoch(epoch)
 
 
