@@ -12,6 +12,7 @@ import contextlib
 import faulthandler
 import json
 import os
+import random
 import select
 import shutil
 import signal
@@ -341,7 +342,18 @@ class ForkServer:
 
 
 def free_port() -> int:
-    """A TCP port no process listens on now, for a run's rendezvous (``MASTER_PORT``)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A TCP port no process listens on now, for a run's rendezvous (``MASTER_PORT``), drawn below the kernel's
+    ephemeral range: every outgoing connection on the machine takes its port from that range, and one probed free
+    there (``bind`` to port 0) was taken by another test process's connection before rank 0 listened on it
+    (``EADDRINUSE``; its other rank waited for it until the test's timeout: CI under ``-n 2``)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    draw = random.SystemRandom()
+    for _ in range(200):
+        port = draw.randrange(max(1024, low - 12000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:  # in use: draw another
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port below the ephemeral range ({low}) in 200 draws")
