@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch.utils.data import DataLoader
 
-from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, TORCH_SETTINGS, forwarded_settings, kept_workers
+from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, TORCH_SETTINGS, forwarded_settings
 
 DATA = list(range(8))
 
@@ -25,11 +25,10 @@ def test_without_workers_the_worker_only_settings_are_left_out() -> None:
 
 
 def test_a_data_librarys_loader_keeps_its_workers_only_where_the_users_did() -> None:
-    """A data library's loader built in place of the user's is given ``persistent_workers`` only where the user's
-    loader had workers to keep (torch refuses it without workers)."""
-    assert kept_workers(DataLoader(DATA, num_workers=0, persistent_workers=False)) == {}
-    assert kept_workers(DataLoader(DATA, num_workers=2)) == {}
-    kept = DataLoader(DATA, num_workers=2, persistent_workers=True)
-    settings = forwarded_settings(kept, DATA_LIBRARY_SETTINGS, **kept_workers(kept))
-    assert "persistent_workers" not in DATA_LIBRARY_SETTINGS and settings["persistent_workers"] is True
-    assert DataLoader(DATA, **settings).persistent_workers
+    """A data library's loader built in place of the user's is given ``persistent_workers`` as the user's had it,
+    and not without workers (torch refuses it there)."""
+    for workers, kept in ((0, False), (2, False), (2, True)):
+        user = DataLoader(DATA, num_workers=workers, persistent_workers=kept)
+        settings = forwarded_settings(user, DATA_LIBRARY_SETTINGS)
+        assert settings.get("persistent_workers", False) is kept
+        assert DataLoader(DATA, **settings).persistent_workers is kept

@@ -950,6 +950,12 @@ def loader_arguments(config: dict[str, Any], dataset: Dataset[Any], shuffle: boo
     )
 
 
+def workers_of(config: dict[str, Any]) -> int:
+    """The run's loader workers: the resume's, where the scenario gives other ones there."""
+    resumed = config["phase"].startswith("resume") and config.get("resume_num_workers") is not None
+    return int(config["resume_num_workers"] if resumed else config["num_workers"])
+
+
 def kept_workers(config: dict[str, Any], workers: int) -> dict[str, Any]:
     """``persistent_workers=True`` where the scenario keeps its workers from pass to pass (and has workers); else
     nothing, so a loader that would refuse it is built as before."""
@@ -972,9 +978,7 @@ class PlainData(L.LightningDataModule):
         batch_size = self.config["batch_size"] * self.config["first_world_size"] // self.config["world_size"]
         self.train_set = mosaic_stream(Path(self.config["out_dir"]).parent / MOSAIC_DIR, batch_size)
         loader_type = import_streaming().StreamingDataLoader if self.config["loader"] != "DataLoader" else DataLoader
-        workers = self.config["num_workers"]
-        if self.config["phase"].startswith("resume") and self.config.get("resume_num_workers") is not None:
-            workers = self.config["resume_num_workers"]
+        workers = workers_of(self.config)
         return loader_type(
             self.train_set, batch_size=batch_size, num_workers=workers, **kept_workers(self.config, workers)
         )
@@ -990,13 +994,8 @@ class PlainData(L.LightningDataModule):
         loader_type = StreamingDataLoader if self.config["loader"] == "StreamingDataLoader" else DataLoader
         # The global batch stays the same on another world size, unless the resume gives another batch size.
         batch_size = self.config["batch_size"] * self.config["first_world_size"] // self.config["world_size"]
-        workers = self.config["num_workers"]
+        workers = workers_of(self.config)
         if self.config["phase"].startswith("resume"):
-            workers = (
-                self.config.get("resume_num_workers", workers)
-                if self.config.get("resume_num_workers") is not None
-                else workers
-            )
             batch_size = self.config.get("resume_batch_size") or batch_size
         return loader_type(
             self.train_set, batch_size=batch_size, num_workers=workers, **kept_workers(self.config, workers)
@@ -1077,9 +1076,7 @@ class PlainData(L.LightningDataModule):
 
     def stream_loader(self, data: str) -> DataLoader[Any]:
         rank, world_size = self.trainer.global_rank, self.trainer.world_size  # type: ignore[union-attr]
-        workers = self.config["num_workers"]
-        if self.config["phase"].startswith("resume") and self.config.get("resume_num_workers") is not None:
-            workers = self.config["resume_num_workers"]
+        workers = workers_of(self.config)
         if data == "hf":
             stream, collate = (
                 hf_stream(STREAM_SIZE, rank, world_size, self.config.get("shuffle_buffer", 0)),

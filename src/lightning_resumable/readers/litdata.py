@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -39,19 +38,14 @@ from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.format.envelope import StreamState
 from lightning_resumable.internals._litdata import copy_of_loader_state
+from lightning_resumable.internals._torchdata import take_iterator
 from lightning_resumable.readers import mixture as mixture_reader
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.libraries import LIBRARIES, is_of
 from lightning_resumable.readers.litdata_chunks import LitDataChunkReader
-from lightning_resumable.readers.litdata_elsewhere import (
-    ELSEWHERE,
-    Elsewhere,
-    Remainder,
-    RemainderSamples,
-    elsewhere_of,
-)
+from lightning_resumable.readers.litdata_elsewhere import ELSEWHERE, Remainder, RemainderSamples, rest_of_epoch
 from lightning_resumable.readers.recording import PassRecord
-from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, kept_workers
+from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings
 from lightning_resumable.readers.workers import ForkingEachPass, retire, warn_once_on_affected_python
 
 __all__ = [
@@ -141,7 +135,7 @@ def combined_as_mixture(loader: Any) -> tuple[Mixture, dict[str, Any]]:
     mixture = Mixture(
         dict(zip(names, datasets, strict=True)), dict(zip(names, weights, strict=True)), shuffle=True in shuffles
     )
-    return mixture, forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn, **kept_workers(loader))
+    return mixture, forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn)
 
 
 def mixture_source(dataset: StreamingDataset, window: int) -> LitDataChunkReader:
@@ -208,14 +202,12 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         layout = (world_size, self.num_workers, self.batch_size)
         if not self.resumes_on_any_layout or (saved.world_size, saved.num_workers, saved.batch_size) == layout:
             state = super().state_for_rank(saved, rank, world_size)
-        elif FRESH_PASS in saved.ranks[0] or saved.finished:
-            state = saved.ranks[0]
-        else:
-            state = elsewhere_of(self.dataset, saved).to_state()
-        if ELSEWHERE in state and not saved.finished:  # (a finished one resumes at the next epoch, LitData's own)
-            at = replace(Elsewhere.from_state(state), batches=saved.batches)
-            self._remainder = Remainder(self.dataset, at, rank, world_size, int(self.batch_size))
-        return state
+            if ELSEWHERE not in state or saved.finished:
+                return state
+        elif FRESH_PASS in saved.ranks[0] or saved.finished:  # nothing read (a fresh pass) or all: LitData's own
+            return saved.ranks[0]
+        self._remainder = rest_of_epoch(self.dataset, saved, rank, world_size, int(self.batch_size))
+        return self._remainder.state_after(saved.batches)
 
     def __iter__(self) -> Iterator[Any]:
         if self._remainder is not None and self.record.resuming:
@@ -227,14 +219,13 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         self.restore = self.record.resuming
         previous_epoch, previous_batches = self.record.epoch, self.record.batches
         epoch = self.pass_epoch()
-        kept: Any = getattr(self, "_iterator", None)  # torch's iterator whose workers a persistent loader keeps
-        if self.persistent_workers and self.num_workers > 0 and kept is not None:
+        if self.persistent_workers and self.num_workers > 0:
             # Kept workers read the next pass from their own copies of the dataset, whose epoch LitData adds 1 to
             # as each worker runs out: right only after a whole epoch read, and never for a restored state.
             whole = not self.restore and epoch == previous_epoch + 1 and previous_batches >= len(self)
-            if not whole:
+            kept = None if whole else take_iterator(self)
+            if kept is not None:
                 retire(kept)
-                self._iterator = None
         self._fresh_epoch = None if self.restore else epoch
         if not self.restore:  # LitData adds 1 at each fresh pass: its epochs count from 1
             self.current_epoch = epoch
@@ -248,7 +239,10 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         self._fresh_epoch = None
         self.dataset.current_epoch = remainder.at.epoch  # the samples' seeds are keyed by LitData's epoch
         samples = RemainderSamples(LitDataChunkReader(self.dataset, DEFAULT_WINDOW), remainder.pairs)
-        settings = forwarded_settings(self, DATA_LIBRARY_SETTINGS, collate_fn=_users_collate_fn(self))
+        # One pass: its workers are not kept (the loader is built again for the next epoch).
+        settings = forwarded_settings(
+            self, DATA_LIBRARY_SETTINGS, collate_fn=_users_collate_fn(self), persistent_workers=False
+        )
         loader = DataLoader(samples, **settings)
         warn_once_on_affected_python(loader)
         iterator = self.make_iterator(lambda: iter(loader))
@@ -272,9 +266,7 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         """Continue the next pass from LitData's ``state``, ``batches`` batches into the epoch (or from an
         `Elsewhere`: the epoch's rest on this layout)."""
         if ELSEWHERE in state:
-            if self._remainder is None or self._remainder.at.batches != batches:  # not dealt by `state_for_rank`
-                at = replace(Elsewhere.from_state(state), batches=batches)
-                self._remainder = Remainder(self.dataset, at, self.rank, self.world_size, int(self.batch_size))
+            assert self._remainder is not None, "the rest of the epoch is dealt by state_for_rank, which restores call"
             self.record.resume(batches, self._remainder.state_after(batches), next_batch)
             return
         if FRESH_PASS in state:  # none read yet: a fresh pass of that epoch, its first batch still verified
@@ -339,5 +331,5 @@ def make_litdata_resumable(
     for stream, each in enumerate(datasets):  # a combined dataset's samples share their indices
         randomness.seed_each_sample(each, seed, _epoch_of, _index_of, stream)
     collate_fn = loader.collate_fn.collate_fn if own else loader.collate_fn  # LitData's wraps the user's
-    settings = forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn, **kept_workers(loader))
+    settings = forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn)
     return LitDataLoader(dataset, epoch_source=epoch_source, rank=rank, world_size=world_size, **settings)

@@ -28,7 +28,7 @@ from lightning_resumable.errors import StateFormatError
 from lightning_resumable.format.envelope import StreamState
 from lightning_resumable.internals._litdata_plan import planned_batches
 
-__all__ = ["ELSEWHERE", "Elsewhere", "Remainder", "RemainderSamples", "elsewhere_of"]
+__all__ = ["ELSEWHERE", "Elsewhere", "Remainder", "RemainderSamples", "rest_of_epoch"]
 
 ELSEWHERE = "lightning_resumable.elsewhere"
 """The key of a rank's state (the same on every rank) inside an epoch that goes on on another layout."""
@@ -62,14 +62,18 @@ class Elsewhere:
         return cls(**values)
 
 
-def elsewhere_of(dataset: StreamingDataset, saved: StreamState) -> Elsewhere:
-    """The place of ``saved`` (LitData's states of its ranks, or an `ELSEWHERE` of a run that resumed so) in its
-    epoch's global sequence."""
+def rest_of_epoch(
+    dataset: StreamingDataset, saved: StreamState, rank: int, world_size: int, batch_size: int
+) -> Remainder:
+    """The rest of ``saved``'s epoch for ``rank`` of ``world_size`` in batches of ``batch_size``: its place read from an
+    `ELSEWHERE` (an epoch already going on on another layout), else counted in the first layout's plans, which are
+    computed once."""
     state = saved.ranks[0]
-    if ELSEWHERE in state:  # an epoch already going on on another layout: its place, counted anew here
-        return replace(Elsewhere.from_state(state), batches=saved.batches)
+    if ELSEWHERE in state:
+        at = replace(Elsewhere.from_state(state), batches=saved.batches)
+        return Remainder(_plans(dataset, at), at, rank, world_size, batch_size)
     own = state["dataset"]
-    layout = Elsewhere(
+    at = Elsewhere(
         world_size=saved.world_size,
         num_nodes=int(own.get("initial_num_nodes", 1)),
         num_workers=saved.num_workers,
@@ -78,11 +82,13 @@ def elsewhere_of(dataset: StreamingDataset, saved: StreamState) -> Elsewhere:
         position=0,
         batches=saved.batches,
     )
-    trained = sum(len(batch) for plan in _plans(dataset, layout) for batch in plan[: saved.batches])
-    return replace(layout, position=trained)
+    plans = _plans(dataset, at)
+    trained = sum(len(batch) for plan in plans for batch in plan[: saved.batches])
+    return Remainder(plans, replace(at, position=trained), rank, world_size, batch_size)
 
 
 def _plans(dataset: StreamingDataset, at: Elsewhere) -> list[list[list[tuple[int, int]]]]:
+    """Each rank's batches of the layout that began the epoch (`planned_batches`)."""
     return [
         planned_batches(
             dataset,
@@ -98,10 +104,12 @@ def _plans(dataset: StreamingDataset, at: Elsewhere) -> list[list[list[tuple[int
 
 
 class Remainder:
-    """The rest of an epoch from `Elsewhere`, dealt to ``rank`` of ``world_size`` in batches of ``batch_size``."""
+    """The rest of an epoch from `Elsewhere` (``at``), whose first layout's ranks read ``plans``, dealt to ``rank`` of
+    ``world_size`` in batches of ``batch_size``."""
 
-    def __init__(self, dataset: StreamingDataset, at: Elsewhere, rank: int, world_size: int, batch_size: int) -> None:
-        plans = _plans(dataset, at)
+    def __init__(
+        self, plans: list[list[list[tuple[int, int]]]], at: Elsewhere, rank: int, world_size: int, batch_size: int
+    ) -> None:
         sequence: list[tuple[int, int]] = []  # step after step, rank after rank in a step
         for step in range(max(map(len, plans), default=0)):
             for plan in plans:

@@ -39,7 +39,7 @@ from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoader
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.libraries import LIBRARIES, is_of
 from lightning_resumable.readers.recording import PassRecord
-from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings, kept_workers
+from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings
 from lightning_resumable.readers.workers import ForkingEachPass, warn_once_on_affected_python
 
 __all__ = ["LIBRARY", "MosaicLoader", "build", "make_mosaic_resumable", "mixture_source", "recognises"]
@@ -193,5 +193,5 @@ def make_mosaic_resumable(
             f" a resume is exact only when both are the same; pass batch_size={loader.batch_size} to the dataset"
         )
     randomness.seed_each_sample(dataset, seed, _epoch_of, int)
-    settings = forwarded_settings(loader, (*DATA_LIBRARY_SETTINGS, "drop_last"), **kept_workers(loader))
+    settings = forwarded_settings(loader, (*DATA_LIBRARY_SETTINGS, "drop_last"))
     return MosaicLoader(dataset, epoch_source=epoch_source, world_size=world_size, **settings)

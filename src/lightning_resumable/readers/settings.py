@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["DATA_LIBRARY_SETTINGS", "TORCH_SETTINGS", "forwarded_settings", "kept_workers"]
+__all__ = ["DATA_LIBRARY_SETTINGS", "TORCH_SETTINGS", "forwarded_settings"]
 
 TORCH_SETTINGS = (
     *("batch_size", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn"),
@@ -20,7 +20,7 @@ TORCH_SETTINGS = (
 """What a torch ``DataLoader`` built in place of the user's takes from it."""
 DATA_LIBRARY_SETTINGS = (
     *("batch_size", "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn"),
-    *("prefetch_factor", "multiprocessing_context"),
+    *("prefetch_factor", "multiprocessing_context", "persistent_workers"),
 )
 """What a data library's own loader (LitData's, Mosaic's) built in place of the user's takes from it."""
 _WITH_WORKERS_ONLY = frozenset({"prefetch_factor", "persistent_workers", "multiprocessing_context"})
@@ -37,9 +37,3 @@ def forwarded_settings(loader: Any, names: Sequence[str], **overrides: Any) -> d
     }
     settings.update(overrides)
     return settings
-
-
-def kept_workers(loader: Any) -> dict[str, Any]:
-    """``persistent_workers=True`` for a loader built in place of ``loader`` when ``loader`` keeps its workers
-    from pass to pass (a data library's own loader is built without the setting otherwise, as the user's)."""
-    return {"persistent_workers": True} if loader.num_workers > 0 and loader.persistent_workers else {}
