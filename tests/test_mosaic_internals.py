@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ if importlib.util.find_spec("streaming") is None:
 
 streaming = train.import_streaming()
 
+from lightning_resumable.readers import mosaic as mosaic_reader  # noqa: E402
 from lightning_resumable.readers.mosaic import MosaicLoader, make_mosaic_resumable, order_of, seen_world, shared_epoch  # noqa: E402
 
 BATCHES = 12  # 48 samples in batches of 4, one process
@@ -124,23 +126,35 @@ def test_set_mosaic_environment_gives_mosaic_the_trainers_world(monkeypatch: pyt
     assert (world.rank, world.num_ranks, world.ranks_per_node, world.num_nodes) == (3, 4, 2, 2)
 
 
-def test_mosaic_resumes_on_another_layout_at_the_same_global_batch_only(shards: Path) -> None:
-    saved = StreamState(1, 0, 3, 2, 2, True, False, [{"epoch": 0}, {"epoch": 0}], reader="mosaic")
-    reader = loader(shards, 0, [0])  # one: each of Mosaic's datasets holds its own shared memory
+def test_mosaic_resumes_on_any_layout_from_the_samples_consumed(shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mosaic's one global count resumes on any world size, workers and batch size (issue 55): on another global batch
+    the epoch goes on through the same sequence from the samples consumed, its length the batches before the resume
+    and the rest's on this layout, and a save inside it counts on from there; a count the nodes do not divide is
+    refused."""
+    epoch = [0]
+    fresh = loader(shards, 0, epoch)
+    whole = [sample for batch in pass_of(iter(fresh)) for sample in batch[0]]
+    order = {"num_canonical_nodes": 1, "shuffle_seed": 7, "initial_physical_nodes": 1}
+    consumed = {"epoch": 0, "sample_in_epoch": 12, **order}  # 2 batches of 6 on one process
+    saved = StreamState(1, 0, 2, 1, 0, True, False, [consumed], reader="mosaic", batch_size=6)
+    reader = loader(shards, 0, epoch)
     assert reader.world_size_refusal(saved) is None  # its one global count, on any layout
-    assert reader.state_for_rank(saved, 0, 1) == {"epoch": 0}
-    reader.num_workers = 2
-    assert reader.state_for_rank(saved, 2, 3) == {"epoch": 0}
-    state = {
-        "epoch": 0,
-        "sample_in_epoch": 12,
-        "num_canonical_nodes": 1,
-        "shuffle_seed": 7,
-        "initial_physical_nodes": 1,
-    }
-    loader(shards, 0, [0]).resume_from(state, 3)  # 3 batches of 4: this loader's global batch
-    with pytest.raises(IncompatibleStateError, match=r"consumed 12 samples of epoch 0 in 2 batches.*batch_size=6"):
-        loader(shards, 0, [0]).resume_from(state, 2)
+    assert reader.state_for_rank(saved, 0, 1) == consumed
+    assert len(reader) == 2 + 9, "the 2 batches before the resume, then 36 samples in batches of 4"
+    reader.resume_from(consumed, 2)
+    rest = pass_of(iter(reader), 9)
+    assert [sample for batch in rest for sample in batch[0]] == whole[12:], "the same sequence, regrouped"
+    assert reader.state_after(5)["sample_in_epoch"] == 12 + 3 * 4
+    assert len(reader) == 11 and reader.counted_anew_at_epoch_end
+    reader.count_anew()
+    assert len(reader) == BATCHES, "the next epochs: Mosaic's own length"
+    same = replace(saved, batches=3, batch_size=4)  # 3 batches of 4: this loader's global batch, no count of its own
+    other = loader(shards, 0, epoch)
+    other.state_for_rank(same, 0, 1)
+    assert len(other) == BATCHES and not other.counted_anew_at_epoch_end
+    monkeypatch.setattr(mosaic_reader, "seen_world", lambda dataset: (0, 1, 5))
+    with pytest.raises(IncompatibleStateError, match="consumed 12 samples of epoch 0, which do not divide among"):
+        loader(shards, 0, epoch).state_for_rank(saved, 0, 1)
 
 
 def test_a_save_without_lightnings_look_ahead_reads_the_next_batch_and_hands_it_out_next(shards: Path) -> None:

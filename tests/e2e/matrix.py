@@ -3,6 +3,7 @@ case is judged (`case_problems`, `chain_problems`): shared by `test_workflow_mat
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import random
@@ -11,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .chains import CI_SEEDS, Leg, run_chain
+from .chains import CI_SEEDS, LIBRARY_SEEDS, Leg, run_chain
 from .harness import (
     WITH_PARAMETERS,
     Outcome,
@@ -453,6 +454,51 @@ def global_batch_mismatches(outcome: Outcome) -> list[str]:
     return problems[:3] + ([f"steps {extra[:5]} the uninterrupted run has not"] if extra else [])
 
 
+def regrouped_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
+    """What docs/mosaic.md promises of a resume on another global batch (another batch size, on the same or another
+    world size): the interrupted epoch goes on through the uninterrupted run's global sequence from the checkpoint's
+    count, regrouped in the new global batches: wherever both runs have trained the same number of its samples since
+    the stop, they have trained the same samples, each with its augmentation; the epoch holds them all; the next epochs
+    are a fresh run's of the new layout."""
+    scenario, epoch = outcome.scenario, outcome.scenario.stop_epoch
+    world_size = scenario.resume_world_size or scenario.world_size
+    batch_size = scenario.resume_batch_size or scenario.batch_size * scenario.world_size // world_size
+    resumed = {batch: pairs for (e, batch), pairs in global_steps(outcome.resumed).items() if e == epoch}
+    if not resumed:  # stopped at the epoch's last batch: the stopped run trained it whole
+        whole = {step: pairs for step, pairs in global_steps(outcome.full).items() if step[0] == epoch}
+        stopped = {step: pairs for step, pairs in global_steps(outcome.stopped).items() if step[0] == epoch}
+        ended = [] if stopped == whole else [f"epoch {epoch}: the resumed run trained none of it, the stopped not all"]
+        return ended + augmented_and_later_problems(runner, outcome, world_size, batch_size)
+    first = min(resumed)
+    full = [pairs for (e, batch), pairs in sorted(global_steps(outcome.full).items()) if e == epoch and batch >= first]
+    problems = regrouping_problems(full, [pairs for _, pairs in sorted(resumed.items())], f"epoch {epoch}", first)
+    return problems + augmented_and_later_problems(runner, outcome, world_size, batch_size)
+
+
+def regrouping_problems(full: list[list[Any]], regrouped: list[list[Any]], where: str, first: int = 0) -> list[str]:
+    """Whether ``regrouped`` (global steps of another size, each a list of what all ranks trained) goes through the
+    same sequence as ``full``: wherever both have trained as many samples, the same ones; and as many in all."""
+    problems: list[str] = []
+    before: collections.Counter[str] = collections.Counter()
+    after: collections.Counter[str] = collections.Counter()
+    steps, common = iter(full), 0
+    for step, pairs in enumerate(regrouped):
+        after.update(repr(pair) for pair in pairs)  # (id, augmentation) pairs
+        while before.total() < after.total():
+            taken = next(steps, None)
+            if taken is None:
+                break
+            before.update(repr(pair) for pair in taken)
+        if before.total() == after.total():
+            common += 1
+            if before != after:
+                problems.append(f"{where}: after step {first + step} of the resumed run, its samples differ")
+                break
+    if sum(map(len, full)) != sum(map(len, regrouped)) or not common:
+        problems.append(f"{where}: {sum(map(len, regrouped))} samples trained, not {sum(map(len, full))}")
+    return problems
+
+
 def global_steps(*runs: Records) -> dict[tuple[int, int], list[tuple[int, Any]]]:
     """Per (epoch, batch), what all ranks of ``runs`` trained together: (id, augmentation) pairs, sorted."""
     steps: dict[tuple[int, int], list[tuple[int, Any]]] = {}
@@ -593,6 +639,10 @@ def draw_library_case(seed: int) -> Scenario:
             scenario = replace(scenario, resume_num_workers=moved.choice((0, 1, 2, 3)))
         if moved.random() < 0.4 or (scenario.resume_world_size, scenario.resume_num_workers) == (None, None):
             scenario = replace(scenario, resume_batch_size=moved.choice((2, 6, 8)))
+    # Mosaic's loader with another batch size, on the same or another world size (salted apart; CI's seeds keep theirs).
+    regrouped = random.Random(seed * 104729 + 5506)
+    if data == "mosaic" and seed not in (*MIXTURE_KEPT_AFTER, *LIBRARY_SEEDS) and regrouped.random() < 0.4:
+        scenario = replace(scenario, resume_batch_size=regrouped.choice((2, 6, 8)))
     return scenario
 
 
@@ -676,6 +726,8 @@ def case_problems(runner: Runner, scenario: Scenario, reference: Scenario) -> li
         return elsewhere_mismatches(runner, outcome)
     if scenario.resume_batch_size is not None and scenario.data == "mixture":
         return mixture_elastic_mismatches(runner, outcome, replace(reference, resume_batch_size=None))
+    if scenario.resume_batch_size is not None and scenario.data == "mosaic":
+        return regrouped_mismatches(runner, outcome)
     if scenario.resume_batch_size is not None:
         return resized_mismatches(runner, outcome)
     if scenario.resume_world_size is not None and scenario.data in ("mixture", *SHARDED):

@@ -18,8 +18,15 @@ from typing import Any
 import pytest
 
 from . import train
+from .chains import Leg, run_chain
 from .harness import Outcome, Runner, Scenario, check_run_exits, resume_damaged, stream_state
-from .matrix import global_batch_mismatches, global_steps, library_data_written
+from .matrix import (
+    global_batch_mismatches,
+    global_steps,
+    library_data_written,
+    regrouped_mismatches,
+    regrouping_problems,
+)
 from .preemption import preempt_and_resume
 
 if importlib.util.find_spec("streaming") is None:
@@ -90,15 +97,62 @@ def test_a_run_on_two_processes_resumes_on_one_at_the_same_global_batch(mosaic_r
     assert global_batch_mismatches(cut), "the judge finds a step not trained"
 
 
-def test_a_resume_on_another_world_size_checks_the_global_batch_sample_by_sample(
-    mosaic_runner: Runner, tmp_path: Path
+REGROUPED = [
+    replace(EXACT[1], resume_batch_size=8),  # a batch-size ramp on the same 2 processes: global batch 8 -> 16
+    replace(EXACT[1], resume_world_size=1, resume_batch_size=6),  # 2 x 4 -> 1 x 6, workers kept from pass to pass
+]
+REGROUPED[1] = replace(REGROUPED[1], persistent_workers=True)
+
+
+@pytest.mark.parametrize("scenario", REGROUPED, ids=lambda scenario: scenario.label())
+def test_a_resume_on_another_global_batch_goes_on_through_the_same_global_sequence(
+    mosaic_runner: Runner, scenario: Scenario
 ) -> None:
-    """On another world size no rank's next batch is one a saving rank recorded, but the global batch is: each
-    saving rank recorded a digest of each sample of its next batch, and the resumed ranks' first samples together
-    must be those. One digest edited (2 -> 1 processes) is refused on the resume before any step trains; the
-    checkpoint as written resumes (the test above)."""
+    """Another batch size (issue 55), on the same or another world size: Mosaic's global sequence goes on from the
+    checkpoint's count in global batches of the new size, each sample with its augmentation, and the interrupted
+    epoch ends when it has trained them all (Lightning counts its batches on from the checkpoint's: its length is
+    the batches before the stop and the rest's); the next epochs are a fresh run's of the new layout."""
+    outcome = mosaic_runner.run(scenario)
+    assert regrouped_mismatches(mosaic_runner, outcome) == []
+    epoch, resumed = scenario.stop_epoch, outcome.resumed[0]
+    first = min(step["batch"] for step in resumed if step["epoch"] == epoch)
+    assert first == scenario.stop_batch + 1, "Lightning's count goes on from the checkpoint's"
+    cut = Outcome(scenario, outcome.full, outcome.stopped, {0: [s for s in resumed if s["batch"] != first + 1]})
+    assert regrouped_mismatches(mosaic_runner, cut), "the judge finds a step not trained"
+
+
+def test_an_epoch_resumed_on_another_global_batch_resumes_again_on_a_third(mosaic_runner: Runner) -> None:
+    """A chain: 2 processes of 4 stopped in epoch 1 after 2 batches; resumed with batches of 8 and stopped one batch
+    later, inside the epoch it continues (its checkpoint counts the samples consumed, not batches of one size);
+    resumed on 1 process of 8 without workers. The interrupted epoch goes through the uninterrupted run's global
+    sequence, and the next epoch is a fresh run's of the last layout (Lightning counted it anew)."""
+    scenario = EXACT[1]
+    legs = [
+        Leg("batch_end", epoch=1, batch=1),
+        Leg("batch_end", epoch=1, batch=2, config=(("batch_size", 8),)),
+        Leg("end", world_size=1, num_workers=0),  # 4 x 2 // 1: batches of 8, the global batch of the first leg
+    ]
+    steps, _ = run_chain(mosaic_runner.root / "mosaic-three-layouts", scenario, legs)
+    by_step = global_steps(steps)
+    full = [pairs for (epoch, _), pairs in sorted(global_steps(mosaic_runner.full(scenario)).items()) if epoch == 1]
+    chain = [pairs for (epoch, _), pairs in sorted(by_step.items()) if epoch == 1]
+    assert [len(pairs) for pairs in chain] == [8, 8, 16, 8, 8], "2 steps of 8 samples, 1 of 16, 2 of 8"
+    assert regrouping_problems(full, chain, "epoch 1") == []
+    fresh = global_steps(mosaic_runner.full(replace(scenario, world_size=1, batch_size=8, num_workers=0)))
+    assert {step: pairs for step, pairs in by_step.items() if step[0] == 2} == {
+        step: pairs for step, pairs in fresh.items() if step[0] == 2
+    }
+
+
+@pytest.mark.parametrize("scenario", [replace(EXACT[1], resume_world_size=1), REGROUPED[0]], ids=("2to1", "batch4to8"))
+def test_a_resume_on_another_layout_checks_the_global_batch_sample_by_sample(
+    mosaic_runner: Runner, tmp_path: Path, scenario: Scenario
+) -> None:
+    """On another world size or batch size no rank's next batch is one a saving rank recorded, but the global batch
+    is (or holds it, or is part of it): each saving rank recorded a digest of each sample of its next batch, and the
+    resumed ranks' first samples together must be those. One digest edited (2 -> 1 processes; batches of 4 -> 8) is
+    refused on the resume before any step trains; the checkpoint as written resumes (the tests above)."""
     (tmp_path / train.MOSAIC_DIR).symlink_to(mosaic_runner.root / train.MOSAIC_DIR)  # the run reads shards beside it
-    scenario = replace(EXACT[1], resume_world_size=1)
 
     def edit(checkpoint: dict[str, Any]) -> None:
         samples = stream_state(checkpoint)["next_samples"]
@@ -107,7 +161,7 @@ def test_a_resume_on_another_world_size_checks_the_global_batch_sample_by_sample
 
     log = resume_damaged(mosaic_runner, scenario, tmp_path, edit)
     assert "ResumeVerificationError: the first global batch after the checkpoint" in log, log[-3000:]
-    assert f"1 of its {scenario.batch_size * scenario.world_size} samples are missing" in log
+    assert f"1 of the {scenario.batch_size * scenario.world_size} samples of the checkpoint" in log
 
 
 def test_a_resume_on_another_world_size_is_refused_when_the_callback_forbids_it(mosaic_runner: Runner) -> None:

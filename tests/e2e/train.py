@@ -974,8 +974,10 @@ class PlainData(L.LightningDataModule):
         from lightning_resumable import set_mosaic_environment
 
         set_mosaic_environment(self.trainer)  # Lightning's launcher sets neither RANK nor LOCAL_WORLD_SIZE
-        # The global batch stays the same on another world size (Mosaic resumes elastically at it).
+        # The global batch stays the same on another world size, unless the resume is given its batch size.
         batch_size = self.config["batch_size"] * self.config["first_world_size"] // self.config["world_size"]
+        if str(self.config.get("phase", "")).startswith("resume") and self.config.get("resume_batch_size") is not None:
+            batch_size = self.config["batch_size"]
         self.train_set = mosaic_stream(Path(self.config["out_dir"]).parent / MOSAIC_DIR, batch_size)
         loader_type = import_streaming().StreamingDataLoader if self.config["loader"] != "DataLoader" else DataLoader
         workers = workers_of(self.config)

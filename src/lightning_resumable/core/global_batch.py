@@ -76,12 +76,17 @@ def check_first_global_batch(
     epoch: int,
     batches: int,
     in_order: bool = False,
+    epoch_end: bool = False,
 ) -> str:
     """Compare the samples all ranks read first after the resume with those all saving ranks recorded.
 
     ``recorded``: each saving rank's sample digests; ``read``: each resumed rank's (``None`` or ``[]``: unknown).
     ``in_order``: the resumed layout deals the global sequence rank after rank (LitData's epoch resumed
-    elsewhere): the samples both hold are compared in order, whatever the two global batches' sizes.
+    elsewhere): the samples both hold are compared in order, whatever the two global batches' sizes. Else the
+    global sequence is dealt anew in each step (Mosaic's): the smaller of the two global batches must be part of the
+    larger (another batch size regroups one sequence); at ``epoch_end`` (the epoch's last global batch on the resumed
+    layout) up to one sample per rank of either layout may differ: the samples a layout repeats to share the last one
+    among its ranks.
 
     Returns:
         ``""`` if checked, else why not (for the log).
@@ -106,16 +111,19 @@ def check_first_global_batch(
         return ""
     saved = collections.Counter(digest for samples in recorded for digest in samples)
     now = collections.Counter(digest for samples in read for digest in samples or ())
-    if saved.total() != now.total():
-        return f"a global batch of {now.total()} samples, where the checkpoint's next one held {saved.total()}"
-    if saved != now:
-        missing, extra = (saved - now).total(), (now - saved).total()
+    smaller, larger = (saved, now) if saved.total() <= now.total() else (now, saved)
+    differing = (smaller - larger).total()
+    repeated = (len(recorded) - 1) + (len(read) - 1) if epoch_end else 0
+    if differing > repeated:
         raise ResumeVerificationError(
             f"the first global batch after the checkpoint (epoch {epoch}, after {batches} batches), read on another"
-            f" number of processes, is not the one the checkpoint recorded: {missing} of its {saved.total()} samples"
-            f" are missing and {extra} others were read in their place; training on would not continue the"
-            " interrupted run. The stream's global position means other samples on this layout (another shuffle"
-            " seed, canonical node count or data). If the stream cannot yield the same samples twice, pass"
+            f" layout, is not the one the checkpoint recorded: {differing} of the {smaller.total()} samples of the"
+            f" {'checkpoint' if smaller is saved else 'resumed run'}'s (of {saved.total()} recorded and"
+            f" {now.total()} read) are not among the other's; training on would not continue the interrupted run."
+            " The stream's global position means other samples on this layout (another shuffle seed, canonical"
+            " node count or data). If the stream cannot yield the same samples twice, pass"
             " ResumableDataCallback(verify=False)"
         )
+    if differing:
+        return f"{differing} samples of the epoch's last global batch differ, as its layouts repeat others in it"
     return ""

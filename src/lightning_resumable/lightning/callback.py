@@ -114,14 +114,10 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         skip_steps: StepRanges = None,
         log_mixture: bool = True,
     ) -> None:
-        self.allow_world_size_change = allow_world_size_change
-        self.seed_samples = seed_samples
-        self.seed_steps = seed_steps
-        self.verify = verify
-        self.audit_dir = audit_dir
+        self.allow_world_size_change, self.seed_samples = allow_world_size_change, seed_samples
+        self.seed_steps, self.verify, self.audit_dir = seed_steps, verify, audit_dir
         warn_if_inexact_streams_allowed(allow_inexact_streams)
-        self.skip_steps = skip_steps
-        self._skips = SkippedSteps(skip_steps)  # the ranges given, checked now; the skips in force in a fit
+        self.skip_steps, self._skips = skip_steps, SkippedSteps(skip_steps)  # given; the skips in force in a fit
         self.log_mixture, self._log = log_mixture, DataLog(log_mixture)
         self._audit: AuditLog | None = None
         self._trainer: pl.Trainer | None = None
@@ -147,6 +143,11 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
     @override
     def state_key(self) -> str:
         return STATE_KEY
+
+    @property
+    def owner(self) -> TrainOwner | None:
+        """The owner of the train input's position in this fit, once built (`lightning_resumable.lightning.owners`)."""
+        return self._owner
 
     @property
     def sampler(self) -> ResumableSampler | None:
@@ -282,10 +283,8 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
         if self._owner.rebuild_now:  # the epoch changed under an iterator already made: build the loader again
             rebuild_train_loader(trainer)
         self._batches.first = (trainer.current_epoch, first)
-        if (
-            (done := batches_processed(trainer)) and self.seed_steps and self._seed is not None
-        ):  # as that step left them
-            seed_training_step(self._seed, trainer.current_epoch, done - 1, ended=True)
+        if (done := batches_processed(trainer)) and self.seed_steps and self._seed is not None:
+            seed_training_step(self._seed, trainer.current_epoch, done - 1, ended=True)  # as that step left them
         self._preemption.act(trainer, at_boundary=True, before_training=True)  # a signal held since setup
 
     @override
@@ -321,7 +320,8 @@ class ResumableDataCallback(MixtureWeights, pl.Callback):
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._owner is not None and self._owner.rebuild_at_epoch_end(trainer.current_epoch):
+        owner, epoch = self._owner, trainer.current_epoch
+        if owner is not None and (owner.rebuild_at_epoch_end(epoch) or owner.recount_at_epoch_end(epoch)):
             rebuild_train_loader(trainer)
 
     @override

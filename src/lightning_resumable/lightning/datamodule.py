@@ -86,6 +86,9 @@ def _wrap(cls: type, name: str, wrapper: Callable[[Callable[[Any], Any]], Callab
 def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], Any]:
     @functools.wraps(user_train_dataloader)
     def train_dataloader(self: ResumableDataModule) -> Any:
+        kept = _kept_train_input(self)
+        if kept is not None:
+            return kept
         try:
             return _resumable_train_input(self, user_train_dataloader(self))
         except BaseException:
@@ -94,6 +97,23 @@ def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], A
 
     setattr(train_dataloader, _WRAPPED, True)
     return train_dataloader
+
+
+_BUILT = "_lightning_resumable_train_input"
+"""The datamodule's attribute holding the train input `_resumable_train_input` last built (its owner is the
+callback's, which a datamodule does not hold: a trainer pickles with its datamodule)."""
+
+
+def _kept_train_input(self: ResumableDataModule) -> Any:
+    """The train input last built, handed to Lightning again for it to count its batches anew
+    (`lightning_resumable.lightning.owners.Owner.recount_at_epoch_end`: a data library's dataset is not built twice
+    in one process), or ``None``: build it."""
+    trainer = getattr(self, "trainer", None)
+    owner = None if trainer is None else _find_callback(trainer).owner
+    if owner is None or not owner.recounting:  # a new fit has no owner yet; one retired at a fit's end does not recount
+        return None
+    owner.recounting = False
+    return getattr(self, _BUILT)
 
 
 def _resumable_train_input(self: ResumableDataModule, loader: Any) -> Any:
@@ -113,6 +133,7 @@ def _resumable_train_input(self: ResumableDataModule, loader: Any) -> Any:
         seed_steps=callback.seed_steps,
     )
     callback.take(owner, trainer.current_epoch)
+    setattr(self, _BUILT, iterated)
     return iterated
 
 

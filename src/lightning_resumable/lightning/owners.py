@@ -127,6 +127,14 @@ class Owner(ABC, Generic[S]):
         """Whether the train loader must be built again before the next epoch (its length changes)."""
         return False
 
+    recounting = False
+    """Lightning is about to count the batches of the same train input again (`recount_at_epoch_end`)."""
+
+    def recount_at_epoch_end(self, epoch: int) -> bool:
+        """Whether Lightning must count the train loader's batches again before the next epoch, the loader kept (its
+        length changes, and a data library's dataset is not built twice in one process): sets `recounting`."""
+        return False
+
     @abstractmethod
     def retire_workers(self) -> None:
         """At the end of the fit: end the loaders' workers (none may outlive the fit)."""

@@ -72,9 +72,12 @@ class StreamOwner(Owner[StreamState]):
             if verify and saved.next_batch is None:
                 rank_zero_info("lightning_resumable: the checkpoint holds no batch digest; the resume is not verified")
             batch_size = getattr(self.loader, "batch_size", None)
-            layout_kept = saved.world_size == self.world_size and (
-                not self._resumes_anywhere
-                or (saved.num_workers, saved.batch_size) == (self.loader.num_workers, batch_size)
+            # Each rank's next batch is the one it recorded only on the layout that recorded it (another batch size
+            # of a global position, Mosaic's, regroups the same global sequence).
+            layout_kept = (
+                saved.world_size == self.world_size
+                and saved.batch_size in (None, batch_size)
+                and (not self._resumes_anywhere or saved.num_workers == self.loader.num_workers)
             )
             verifiable = verify and layout_kept
             recorded = saved.next_batch if verifiable else None
@@ -103,6 +106,13 @@ class StreamOwner(Owner[StreamState]):
 
     def rebuild_at_epoch_end(self, epoch: int) -> bool:
         return bool(getattr(self.loader, "resumed_elsewhere", False))  # counted on this layout from the next epoch
+
+    def recount_at_epoch_end(self, epoch: int) -> bool:
+        if not getattr(self.loader, "counted_anew_at_epoch_end", False):
+            return False
+        self.loader.count_anew()  # type: ignore[attr-defined]  # Mosaic's: its own length from the next epoch
+        self.recounting = True
+        return True
 
     def _refuse_another_batch_size(self, saved: StreamState) -> None:
         """A stream's position per rank is its readers' (each loader worker yields whole batches of its own samples):
@@ -172,7 +182,12 @@ class StreamOwner(Owner[StreamState]):
             check_first_stream_batches(all_gather_objects(self.loader.first_batch), epoch, batches)
             return
         read = all_gather_objects(self.loader.record.first_samples)
-        unchecked = check_first_global_batch(recorded, read, epoch, batches, in_order=self._resumes_anywhere)
+        length = _length(self.loader)
+        # An epoch's last global batch holds samples repeated to share it among the ranks, which depend on the layout.
+        last = length is not None and batches + 1 >= length
+        unchecked = check_first_global_batch(
+            recorded, read, epoch, batches, in_order=self._resumes_anywhere, epoch_end=last
+        )
         if unchecked:
             rank_zero_info(f"lightning_resumable: the first global batch after the resume is not verified: {unchecked}")
 
@@ -180,6 +195,7 @@ class StreamOwner(Owner[StreamState]):
         return digest_of(batch)  # a stream's samples have no index
 
     def retire_workers(self) -> None:
+        self.recounting = False  # the fit is over (or the loader is built again): nothing recounts it
         self.loader.retire_workers()
 
     # ------------------------------------------------------------------------------ skipped steps

@@ -11,7 +11,12 @@ Promise: `make_mosaic_resumable` turns the user's Mosaic ``StreamingDataLoader``
 - Mosaic's epoch is the trainer's: Mosaic counts its passes in memory shared by the node's processes,
   and a pass Lightning starts again would be counted as the next epoch;
 - each sample is read under a seed keyed by the run's seed, the epoch and the sample's index in the
-  dataset, so augmentations drawn from the global generators are the same after a resume.
+  dataset, so augmentations drawn from the global generators are the same after a resume;
+- Mosaic's order is one global sequence for a fixed ``num_canonical_nodes``, whatever the layout: step after step,
+  the next global batch of it (Mosaic's partition deals each step's samples among the ranks). A resume on another
+  world size or batch size (issue 55) goes on from the checkpoint's count in global batches of the new layout; the
+  resumed epoch's length is the batches before the resume and the rest's, counted again on this layout at its end
+  (the loader kept: Lightning asks its length anew).
 
 Mosaic reads its world from the environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``) when the
 dataset is built. Lightning's own launcher sets none of them but ``WORLD_SIZE``, so every rank would
@@ -26,6 +31,7 @@ epoch and position from what ``load_state_dict`` and ``next_epoch`` put in share
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -36,6 +42,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable.core import randomness
 from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoaderError
+from lightning_resumable.format.envelope import StreamState
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.libraries import LIBRARIES, is_of
 from lightning_resumable.readers.recording import PassRecord
@@ -92,11 +99,29 @@ class MosaicLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type:
         self.world_size, self.epoch = world_size, 0
         self._resume: dict[str, Any] | None = None  # Mosaic's state the next pass continues
         self._order = order_of(self.dataset)  # Mosaic's state but the position: a resume takes the saved one
+        # A resumed epoch on another global batch: (its epoch, the batches and samples consumed at the resume), and
+        # its length, in batches of the saving layout before the resume and of this one after.
+        self._anchor: tuple[int, int, int] | None = None
+        self._resumed_length: int | None = None
+
+    def __len__(self) -> int:
+        return int(super().__len__()) if self._resumed_length is None else self._resumed_length
+
+    @property
+    def counted_anew_at_epoch_end(self) -> bool:
+        """Whether Lightning must count the next epoch's batches anew (this one's were the resumed epoch's)."""
+        return self._resumed_length is not None
+
+    def count_anew(self) -> None:
+        """The resumed epoch is over: the loader's length is Mosaic's own again."""
+        self._resumed_length = None
 
     def __iter__(self) -> Iterator[Any]:
         dataset = self.dataset
         self.epoch = self.pass_epoch()
         resume, self._resume = self._resume, None
+        if resume is None:  # a fresh pass: Mosaic's own count and length
+            self._anchor = self._resumed_length = None
         shared_epoch(dataset).fill_(self.epoch)  # before the workers read the pass
         # Mosaic's pass reads its epoch and position from the node's shared memory: both are set
         # here, for every pass, as the same values on every rank.
@@ -111,23 +136,51 @@ class MosaicLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type:
         """Mosaic's state after ``batches`` batches of the current epoch on every rank: the same on all."""
         if self._resume is not None:  # restored, and not iterated yet
             return dict(self._resume)
-        return {**self._order, "epoch": self.epoch, "sample_in_epoch": batches * int(self.batch_size) * self.world_size}
+        consumed = batches * self._global_batch
+        if self._anchor is not None and self._anchor[0] == self.epoch:  # resumed on another global batch
+            _, at, samples = self._anchor
+            consumed = samples + (batches - at) * self._global_batch
+        return {**self._order, "epoch": self.epoch, "sample_in_epoch": consumed}
 
-    def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
-        """Continue the next pass from Mosaic's ``state``, ``batches`` batches into the epoch.
+    @property
+    def _global_batch(self) -> int:
+        return int(self.batch_size) * self.world_size
+
+    def state_for_rank(self, saved: StreamState, rank: int, world_size: int) -> Mapping[str, Any]:
+        """Mosaic's state (the same on every rank); on another global batch, the resumed epoch's length counted here,
+        before Lightning asks the loader's length: the batches before the resume, then the rest's on this layout.
 
         Raises:
-            IncompatibleStateError: the global batch (the loader's batch size times the world size) is
-                not the one that consumed the state's samples in ``batches`` batches.
+            IncompatibleStateError: the samples consumed do not divide among this run's nodes (Mosaic would round
+                the count down, and train samples again).
         """
-        consumed, global_batch = int(state["sample_in_epoch"]), int(self.batch_size) * self.world_size
-        if consumed != batches * global_batch:
+        state = super().state_for_rank(saved, rank, world_size)
+        consumed, nodes = int(state["sample_in_epoch"]), seen_world(self.dataset)[2]
+        if consumed % nodes:
             raise IncompatibleStateError(
-                f"MosaicML Streaming's state has consumed {consumed} samples of epoch {state['epoch']} in"
-                f" {batches} batches, but this run's global batch is {global_batch} ({self.world_size} processes"
-                f" x batch_size={self.batch_size}): Mosaic resumes on another world size at the same global"
-                f" batch only. Use batch_size={consumed // max(batches, 1) // self.world_size} per process"
+                f"MosaicML Streaming's state has consumed {consumed} samples of epoch {state['epoch']}, which do not"
+                f" divide among this run's {nodes} nodes: Mosaic would round the count down to a multiple of them and"
+                " train samples again. Resume on a number of nodes that divides it"
             )
+        self._anchor = self._resumed_length = None
+        if consumed != saved.batches * self._global_batch:
+            self._anchor = (int(state["epoch"]), saved.batches, consumed)
+            self._resumed_length = saved.batches + self._batches_of(max(int(self.dataset.epoch_size) - consumed, 0))
+        return state
+
+    def _batches_of(self, samples: int) -> int:
+        """The batches a rank reads of ``samples`` of the epoch's global sequence, as Mosaic's length counts them."""
+        per_rank = math.ceil(samples / self.world_size)
+        return per_rank // int(self.batch_size) if self.drop_last else math.ceil(per_rank / int(self.batch_size))
+
+    def start_epoch(self, epoch: int) -> None:
+        """A fresh pass of ``epoch`` next (a resume after an epoch's last batch): Mosaic's own count and length."""
+        self._anchor = self._resumed_length = None
+        super().start_epoch(epoch)
+
+    def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
+        """Continue the next pass from Mosaic's ``state``, ``batches`` batches into the epoch (on another global batch,
+        from the samples it consumed: `state_for_rank`)."""
         self._resume = dict(state)
         self._order = {key: state[key] for key in self._order}
         self._next_epoch = int(state["epoch"])
