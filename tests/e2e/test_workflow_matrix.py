@@ -15,12 +15,15 @@ form (``python -m tests.e2e.shrink SEED [--chain]``, `shrink.py`). The draw keep
 from __future__ import annotations
 
 import importlib.util
+import itertools
 from dataclasses import replace
 
 import pytest
 
+from . import layout_chains
 from .chains import CASE_SEEDS, CHAIN_SEEDS, CHAINS_OF_CI_SEEDS, LIBRARY_SEEDS, Leg
 from .harness import Runner, Scenario
+from .layout_chains import MOSAIC_CHAIN_SEEDS, draw_mosaic_chain, mosaic_chain_problems
 from .matrix import (
     case_problems,
     chain_problems,
@@ -92,6 +95,36 @@ def test_a_drawn_data_library_workflow_resumes_exactly(runner: Runner, seed: int
     except AssertionError as error:
         raise AssertionError(f"{where}: a run failed; rerun: {rerun}\n{error}") from None
     assert problems == [], f"{where} is not exact; rerun: {rerun}\n" + "\n".join(problems[:6])
+
+
+@pytest.mark.parametrize("seed", seeds(fixed=MOSAIC_CHAIN_SEEDS))
+def test_a_drawn_library_chain_over_layouts_resumes_exactly(runner: Runner, seed: int) -> None:
+    """Issue 55: MosaicML Streaming's loader interrupted one to three times, each resume on a layout drawn anew (world
+    size, batch size, workers, kept workers; `layout_chains.draw_mosaic_chain`), every epoch judged against the
+    uninterrupted run of the first layout."""
+    if importlib.util.find_spec("streaming") is None:
+        pytest.skip("MosaicML Streaming is not installed")
+    scenario, legs, layouts = draw_mosaic_chain(seed)
+    library_data_written(runner, "mosaic")
+    rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_workflow_matrix.py -k library_chain"
+    where = f"seed {seed} ({layout_chains.described(layouts)}; {described(legs)})"
+    try:
+        problems = mosaic_chain_problems(runner, scenario, legs, runner.root / f"layout-chain{seed}")
+    except AssertionError as error:
+        raise AssertionError(f"{where}: a leg failed; rerun: {rerun}\n{error}") from None
+    assert problems == [], f"{where} is not exact; rerun: {rerun}\n" + "\n".join(problems[:6])
+
+
+def test_the_layout_chains_draw_new_layouts_at_their_resumes() -> None:
+    drawn = [draw_mosaic_chain(seed) for seed in range(100)]
+    assert drawn == [draw_mosaic_chain(seed) for seed in range(100)], "a pure function of the seed"
+    changes = [
+        (a.world_size != b.world_size, a.batch_size != b.batch_size)
+        for _, _, ls in drawn
+        for a, b in itertools.pairwise(ls)
+    ]
+    assert (True, False) in changes and (False, True) in changes and (True, True) in changes
+    assert {len(legs) for _, legs, _ in drawn} >= {2, 3, 4}
 
 
 def test_shrinking_keeps_only_what_the_failure_needs() -> None:

@@ -978,6 +978,7 @@ class PlainData(L.LightningDataModule):
         batch_size = self.config["batch_size"] * self.config["first_world_size"] // self.config["world_size"]
         if str(self.config.get("phase", "")).startswith("resume") and self.config.get("resume_batch_size") is not None:
             batch_size = self.config["batch_size"]
+        batch_size = self.config.get("given_batch_size") or batch_size  # a chain's leg on a layout of its own
         self.train_set = mosaic_stream(Path(self.config["out_dir"]).parent / MOSAIC_DIR, batch_size)
         loader_type = import_streaming().StreamingDataLoader if self.config["loader"] != "DataLoader" else DataLoader
         workers = workers_of(self.config)
