@@ -98,7 +98,7 @@ def test_a_drawn_data_library_workflow_resumes_exactly(runner: Runner, seed: int
 
 
 @pytest.mark.parametrize("seed", seeds(fixed=MOSAIC_CHAIN_SEEDS))
-def test_a_drawn_library_chain_over_layouts_resumes_exactly(runner: Runner, seed: int) -> None:
+def test_a_drawn_data_library_chain_over_layouts_resumes_exactly(runner: Runner, seed: int) -> None:
     """Issue 55: MosaicML Streaming's loader interrupted one to three times, each resume on a layout drawn anew (world
     size, batch size, workers, kept workers; `layout_chains.draw_mosaic_chain`), every epoch judged against the
     uninterrupted run of the first layout."""
@@ -106,7 +106,7 @@ def test_a_drawn_library_chain_over_layouts_resumes_exactly(runner: Runner, seed
         pytest.skip("MosaicML Streaming is not installed")
     scenario, legs, layouts = draw_mosaic_chain(seed)
     library_data_written(runner, "mosaic")
-    rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_workflow_matrix.py -k library_chain"
+    rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_workflow_matrix.py -k data_library_chain"
     where = f"seed {seed} ({layout_chains.described(layouts)}; {described(legs)})"
     try:
         problems = mosaic_chain_problems(runner, scenario, legs, runner.root / f"layout-chain{seed}")
