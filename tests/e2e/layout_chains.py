@@ -1,7 +1,12 @@
 """Chains over layouts (issue 55): a run interrupted one to three times, each resume on a layout drawn anew (world
-size, batch size, workers, workers kept from pass to pass), for a stream whose order is one global sequence on every
-layout (MosaicML Streaming's). Judged epoch by epoch against the uninterrupted run of the first layout: wherever both
-have trained as many of the epoch's samples, the same ones, each with its augmentation (`matrix.regrouping_problems`).
+size, batch size, workers, workers kept from pass to pass), for the data libraries' loaders that resume anywhere.
+
+- MosaicML Streaming's order is one global sequence on every layout: each epoch is judged against the uninterrupted
+  run of the first layout; wherever both have trained as many of the epoch's samples, the same ones, each with its
+  augmentation (`matrix.regrouping_problems`).
+- LitData's epoch goes on in the order of the layout that began it, wherever it resumes: each epoch is judged against
+  a fresh run of that layout, in global order (a last uneven global batch padded from the rest's start), each
+  sample with its augmentation.
 
 A leg's stop is drawn where it can be: Lightning counts a resumed epoch's batches on from the checkpoint's, so the
 places of a leg are computed from the samples consumed before it and its own global batch (`places`).
@@ -11,12 +16,13 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .chains import Leg, run_chain
-from .harness import Runner, Scenario
-from .matrix import global_steps, regrouping_problems
+from .harness import Records, Runner, Scenario, augmentation_by_id
+from .matrix import epoch_sequence, global_steps, regrouping_problems
 
 MOSAIC_SAMPLES = 48
 """The samples of an epoch of the Mosaic shards the end-to-end runs read (`train.write_mosaic`)."""
@@ -38,13 +44,18 @@ class Layout:
     def global_batch(self) -> int:
         return self.world_size * self.batch_size
 
+    @property
+    def laid_out(self) -> tuple[int, int, int]:
+        """What LitData's state is written for: a resume on another goes on elsewhere (kept workers do not count)."""
+        return self.world_size, self.num_workers, self.batch_size
+
     def config(self) -> tuple[tuple[str, object], ...]:
         """What a leg's config sets for this layout (the Mosaic fixture takes ``given_batch_size`` as it is)."""
         return (("given_batch_size", self.batch_size), ("persistent_workers", self.persistent_workers))
 
 
-def _draw_layout(draw: random.Random) -> Layout:
-    workers = draw.choice((0, 1, 2))
+def _draw_layout(draw: random.Random, most_workers: int = 2) -> Layout:
+    workers = draw.choice(range(most_workers + 1))
     return Layout(draw.choice((1, 2)), draw.choice((2, 4, 6, 8)), workers, bool(workers) and draw.random() < 0.3)
 
 
@@ -120,3 +131,162 @@ def mosaic_chain_problems(runner: Runner, scenario: Scenario, legs: list[Leg], r
         trained = [pairs for (each, _), pairs in sorted(chain.items()) if each == epoch]
         problems += regrouping_problems(want, trained, f"epoch {epoch}")
     return problems
+
+
+# ------------------------------------------------------------------------------------------------------------ LitData
+Plans = Callable[[Layout, int], list[list[list[int]]]]
+"""Each rank's batches of sample ids in an epoch (the trainer's count) on a layout, as LitData's loader reads them."""
+
+LITDATA_CHAIN_SEEDS = (2, 10)
+"""The LitData chains CI's extras step runs: 2 goes 1 x 2 with 2 workers kept -> 1 x 4 with 1 (the first epoch goes
+on in the first layout's order, the second is this layout's) -> 1 x 2 with 2 -> 2 x 8 with 1, stopped twice inside
+the second epoch (once in a validation); 10 goes 1 x 6 -> 1 x 4 (2 workers), stopped at the end of the epoch it
+continued, -> 2 x 6 with 2 workers kept."""
+
+
+def litdata_plans(directory: Path) -> Plans:
+    """`Plans` of the LitData chunks in ``directory`` (`lightning_resumable.internals._litdata_plan.planned_batches`,
+    tested equal to LitData's own loader), without reading a sample."""
+    from lightning_resumable.internals._litdata_plan import planned_batches
+
+    from .train import litdata_stream
+
+    dataset, found = litdata_stream(directory), {}
+
+    def plans(layout: Layout, epoch: int) -> list[list[list[int]]]:
+        key = (layout.world_size, layout.num_workers, layout.batch_size, epoch)
+        if key not in found:
+            found[key] = [
+                [
+                    [index for _, index in batch]
+                    for batch in planned_batches(
+                        dataset,
+                        world_size=layout.world_size,
+                        rank=rank,
+                        num_workers=layout.num_workers,
+                        batch_size=layout.batch_size,
+                        epoch=epoch + 1,  # LitData counts from 1
+                    )
+                ]
+                for rank in range(layout.world_size)
+            ]
+        return found[key]
+
+    return plans
+
+
+@dataclass(frozen=True)
+class LitDataChain:
+    scenario: Scenario
+    legs: list[Leg]
+    layouts: list[Layout]
+    began: dict[int, Layout]
+    """The layout that began each epoch, whose order it goes on in wherever it resumes."""
+    ended: dict[int, Layout]
+    """The layout that trained each epoch's last batch (its last global batch padded on it)."""
+
+
+def _trained(plans: list[list[list[int]]], batches: int) -> int:
+    return sum(len(batch) for plan in plans for batch in plan[:batches])
+
+
+def draw_litdata_chain(seed: int, plans: Plans) -> LitDataChain:
+    """A LitData chain: where a leg may stop follows from LitData's plans (a fresh epoch's length is its longest
+    rank's; an epoch going on elsewhere counts its batches on from the checkpoint's, then the rest's in this layout's
+    global batches)."""
+    draw = random.Random(seed * 6151 + 56)
+    layouts = [_draw_layout(draw, most_workers=3)]
+    first = layouts[0]
+    scenario = Scenario(
+        world_size=first.world_size,
+        batch_size=first.batch_size,
+        num_workers=first.num_workers,
+        persistent_workers=first.persistent_workers,
+        loader=draw.choice(("StreamingDataLoader", "DataLoader")),
+        data="litdata",
+        epochs=draw.choice((2, 3)),
+    )
+    legs: list[Leg] = []
+    began, ended = {0: first}, {}
+    epoch, done, position, elsewhere, saver = 0, 0, 0, False, first
+    for _ in range(draw.randint(1, 3)):
+        layout = layouts[-1]
+        if done and (elsewhere or layout.laid_out != saver.laid_out):  # the epoch goes on in its first layout's order
+            elsewhere = True
+        places = []  # (epoch, batch, the epoch's last, the samples of its global sequence trained after it)
+        for each in range(epoch, scenario.epochs):
+            if each == epoch and elsewhere:
+                total = sum(len(batch) for plan in plans(began[each], each) for batch in plan)
+                length = done + math.ceil((total - position) / layout.global_batch)
+                after = [min(total, position + (batch + 1 - done) * layout.global_batch) for batch in range(length)]
+            else:
+                own = plans(began[each] if each == epoch and done else layout, each)  # begun before, or here
+                length = max(map(len, own))
+                after = [_trained(own, batch + 1) for batch in range(length)]
+            start = done if each == epoch else 0
+            places += [(each, batch, batch == length - 1, after[batch]) for batch in range(start, length)]
+        kind = draw.choice(("batch_end", "batch_end", "last_batch", "validation"))
+        candidates = [
+            place
+            for place in places
+            if (place[2] and place[0] < scenario.epochs - 1) == (kind == "last_batch")
+            and (kind != "validation" or (place[1] + 1) % 2 == 0)
+        ]
+        if not candidates:
+            continue
+        stop_epoch, stop_batch, last, trained = draw.choice(candidates[:8])
+        legs.append(_leg(kind, stop_epoch, stop_batch, layout))
+        for each in range(epoch + (1 if done else 0), stop_epoch + 1):
+            began.setdefault(each, layout)
+        for each in range(epoch, stop_epoch if not last else stop_epoch + 1):
+            ended.setdefault(each, layout)
+        if last:
+            epoch, done, position, elsewhere = stop_epoch + 1, 0, 0, False
+        else:
+            elsewhere = elsewhere and stop_epoch == epoch
+            epoch, done, position = stop_epoch, stop_batch + 1, trained
+        saver = layout
+        layouts.append(_draw_layout(draw, most_workers=3))
+    legs.append(_leg("end", -1, -1, layouts[-1]))
+    for each in range(scenario.epochs):
+        began.setdefault(each, layouts[-1])
+        ended.setdefault(each, layouts[-1])
+    return LitDataChain(scenario, legs, layouts, began, ended)
+
+
+def litdata_chain_problems(runner: Runner, chain: LitDataChain, run_dir: Path) -> list[str]:
+    """Each epoch of the chain against a fresh run of the layout that began it: its global order, then at most a
+    global batch of the last layout's padding, from its own samples; each sample augmented as there."""
+    steps, _ = run_chain(run_dir, chain.scenario, chain.legs)
+    problems = []
+    for epoch in range(chain.scenario.epochs):
+        origin = chain.began[epoch]
+        fresh = _fresh(runner, chain.scenario, origin)
+        expected, trained = epoch_sequence(fresh, epoch), epoch_sequence(steps, epoch)
+        padding = trained[len(expected) :]
+        if trained[: len(expected)] != expected or len(padding) >= chain.ended[epoch].global_batch:
+            problems.append(f"epoch {epoch}: trained {trained}, not {expected} (+ padding)")
+        elif set(padding) - set(expected):
+            problems.append(f"epoch {epoch}: padding {padding} not of its own samples")
+        problems += _augmentation_problems(fresh, steps, epoch)
+    return problems
+
+
+def _fresh(runner: Runner, scenario: Scenario, layout: Layout) -> Records:
+    return runner.full(
+        replace(
+            scenario,
+            world_size=layout.world_size,
+            batch_size=layout.batch_size,
+            num_workers=layout.num_workers,
+            persistent_workers=layout.persistent_workers,
+        )
+    )
+
+
+def _augmentation_problems(fresh: Records, steps: Records, epoch: int) -> list[str]:
+    expected = augmentation_by_id(fresh, epoch=epoch)
+    for sample, values in augmentation_by_id(steps, epoch=epoch).items():
+        if sample in expected and any(value != expected[sample][0] for value in values):
+            return [f"epoch {epoch}: sample {sample} augmented {values}, not {expected[sample][0]}"]
+    return []

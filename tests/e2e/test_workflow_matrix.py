@@ -23,7 +23,15 @@ import pytest
 from . import layout_chains
 from .chains import CASE_SEEDS, CHAIN_SEEDS, CHAINS_OF_CI_SEEDS, LIBRARY_SEEDS, Leg
 from .harness import Runner, Scenario
-from .layout_chains import MOSAIC_CHAIN_SEEDS, draw_mosaic_chain, mosaic_chain_problems
+from .layout_chains import (
+    LITDATA_CHAIN_SEEDS,
+    MOSAIC_CHAIN_SEEDS,
+    draw_litdata_chain,
+    draw_mosaic_chain,
+    litdata_chain_problems,
+    litdata_plans,
+    mosaic_chain_problems,
+)
 from .matrix import (
     case_problems,
     chain_problems,
@@ -36,6 +44,7 @@ from .matrix import (
     seeds,
 )
 from .shrink import Case, shrink
+from .train import LITDATA_DIR
 
 
 def skip_without_web_dataset(scenario: Scenario) -> None:
@@ -110,6 +119,24 @@ def test_a_drawn_data_library_chain_over_layouts_resumes_exactly(runner: Runner,
     where = f"seed {seed} ({layout_chains.described(layouts)}; {described(legs)})"
     try:
         problems = mosaic_chain_problems(runner, scenario, legs, runner.root / f"layout-chain{seed}")
+    except AssertionError as error:
+        raise AssertionError(f"{where}: a leg failed; rerun: {rerun}\n{error}") from None
+    assert problems == [], f"{where} is not exact; rerun: {rerun}\n" + "\n".join(problems[:6])
+
+
+@pytest.mark.parametrize("seed", seeds(fixed=LITDATA_CHAIN_SEEDS))
+def test_a_drawn_data_library_chain_of_litdata_over_layouts_resumes_exactly(runner: Runner, seed: int) -> None:
+    """Issue 55: LitData's loader interrupted one to three times, each resume on a layout drawn anew (world size,
+    batch size, 0 to 3 workers, kept workers; `layout_chains.draw_litdata_chain`), every epoch judged against a fresh
+    run of the layout that began it."""
+    if importlib.util.find_spec("litdata") is None:
+        pytest.skip("LitData is not installed")
+    library_data_written(runner, "litdata")
+    chain = draw_litdata_chain(seed, litdata_plans(runner.root / LITDATA_DIR))
+    rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_workflow_matrix.py -k chain_of_litdata"
+    where = f"seed {seed} ({layout_chains.described(chain.layouts)}; {described(chain.legs)})"
+    try:
+        problems = litdata_chain_problems(runner, chain, runner.root / f"litdata-layout-chain{seed}")
     except AssertionError as error:
         raise AssertionError(f"{where}: a leg failed; rerun: {rerun}\n{error}") from None
     assert problems == [], f"{where} is not exact; rerun: {rerun}\n" + "\n".join(problems[:6])

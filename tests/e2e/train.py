@@ -1000,6 +1000,7 @@ class PlainData(L.LightningDataModule):
         workers = workers_of(self.config)
         if self.config["phase"].startswith("resume"):
             batch_size = self.config.get("resume_batch_size") or batch_size
+        batch_size = self.config.get("given_batch_size") or batch_size  # a chain's leg on a layout of its own
         return loader_type(
             self.train_set, batch_size=batch_size, num_workers=workers, **kept_workers(self.config, workers)
         )
