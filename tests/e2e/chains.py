@@ -83,6 +83,21 @@ including its last batch. Issue 53's skips given at a resume on another world si
 with the same chain given the skip from its first): 223 and 585, map-style 2 -> 1 and 1 -> 2; 518 and 91, a mixture
 2 -> 1 and 1 -> 2; 1688 and 1390, a batch sampler 2 -> 1 and 1 -> 2 (each failed before the fix: the steps were placed
 on the new world size)."""
+LIBRARY_PREEMPTIONS_ON_ONE_ALLOCATION = (0, 2, 4, 7, 9, 11, 13, 14, 25, 33, 40, 47, 200, 838557569, 851231692)
+"""CI's library preemptions drawn before a requeue on another allocation was: they keep their cases."""
+LIBRARY_PREEMPTION_SEEDS = (*LIBRARY_PREEMPTIONS_ON_ONE_ALLOCATION, 1000013, 1000037)
+"""LitData's and Mosaic's loaders, in CI's extras step: a cover of what `draw_library_preemption` draws, with the
+group signal to a chunked mixture (LitData's and Mosaic's datasets in a ``Mixture``, 2 workers) in the first epoch
+after a resume (25), to LitData's loader in the epoch a resume started (200) and to Mosaic's loader (4). (7, a
+chunked mixture whose workers the forkserver starts, found a LitData source read in the rank unpicklable for the
+next epoch's workers: `tests/test_litdata_internals.py` reproduces it.) Workers kept from pass to pass (issue 55):
+838557569, a chunked mixture's spawned workers, SLURM's requeue signal to rank 1 at a step; 851231692, Mosaic's
+loader's 2 workers by forkserver as the default, SIGTERM to rank 0 in the sanity check. Requeued on another
+allocation (issue 55): 1000013, LitData's loader on 2 processes with 2 kept workers started by forkserver, SLURM's
+requeue signal to rank 0 in the fit's setup (its save before any pass began resumed on 1 process of 8 was refused by
+its first batch: LitData's state of a loader not yet iterated named another epoch), resumed on 1 process of 8 with a
+worker; 1000037, Mosaic's loader resumed on 2 processes of 4 with 2 workers."""
+
 LIBRARY_SEEDS = (2, 6, 609549163, 345719897, 84187010)
 """Data-library cases CI's extras step runs (`matrix.draw_library_case`): Mosaic on 2 processes with 2 workers
 resumed on none, read by a torch ``DataLoader``; LitData at an epoch's last batch with 2 workers; 609549163, found

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .chains import CI_SEEDS, LIBRARY_SEEDS, Leg, run_chain
+from .chains import CI_SEEDS, LIBRARY_PREEMPTIONS_ON_ONE_ALLOCATION, LIBRARY_SEEDS, Leg, run_chain
 from .harness import (
     WITH_PARAMETERS,
     Outcome,
@@ -415,21 +415,24 @@ def elsewhere_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
     scenario, full, stopped, resumed = outcome.scenario, outcome.full, outcome.stopped, outcome.resumed
     epoch, world_size = scenario.stop_epoch, scenario.resume_world_size or scenario.world_size
     batch_size = scenario.resume_batch_size or scenario.batch_size * scenario.world_size // world_size
-    expected, trained = epoch_sequence(full, epoch), epoch_sequence(stopped, epoch) + epoch_sequence(resumed, epoch)
-    problems = []
-    padding = trained[len(expected) :]
-    if trained[: len(expected)] != expected or len(padding) >= world_size * batch_size or set(padding) - set(expected):
-        problems.append(f"epoch {epoch}: trained {trained}, not {expected} (+ padding)")
-    augmented = augmentation_by_id(full, epoch=epoch)
-    for sample, values in augmentation_by_id(stopped, resumed, epoch=epoch).items():
-        if any(value != augmented[sample][0] for value in values):
-            problems.append(f"epoch {epoch}: sample {sample} augmented {values}, not {augmented[sample][0]}")
-            break
     workers = scenario.num_workers if scenario.resume_num_workers is None else scenario.resume_num_workers
     layout = {"world_size": world_size, "batch_size": batch_size, "num_workers": workers}
     fresh = runner.full(
         replace(scenario, **layout, resume_world_size=None, resume_num_workers=None, resume_batch_size=None)  # type: ignore[arg-type]
     )
+    # An epoch of which nothing was trained before the checkpoint (a save in the fit's setup) is the new layout's own.
+    began_here = not epoch_sequence(stopped, epoch)
+    expected = epoch_sequence(fresh if began_here else full, epoch)
+    trained = epoch_sequence(stopped, epoch) + epoch_sequence(resumed, epoch)
+    problems = []
+    padding = trained[len(expected) :]
+    if trained[: len(expected)] != expected or len(padding) >= world_size * batch_size or set(padding) - set(expected):
+        problems.append(f"epoch {epoch}: trained {trained}, not {expected} (+ padding)")
+    augmented = augmentation_by_id(fresh if began_here else full, epoch=epoch)
+    for sample, values in augmentation_by_id(stopped, resumed, epoch=epoch).items():
+        if any(value != augmented[sample][0] for value in values):
+            problems.append(f"epoch {epoch}: sample {sample} augmented {values}, not {augmented[sample][0]}")
+            break
 
     def later(records: Records) -> dict[int, list[tuple[Any, ...]]]:
         kept = ("epoch", "batch", "ids", "aug")
@@ -877,8 +880,24 @@ def draw_preemption(seed: int) -> tuple[Scenario, Preemption]:
 
 def draw_library_preemption(seed: int) -> tuple[Scenario, Preemption]:
     """A preempted run over a data library's loader (LitData's, Mosaic's, a mixture of their chunked datasets),
-    drawn as `draw_library_case` draws it, on the same world size and workers at the resume."""
+    drawn as `draw_library_case` draws it; LitData's and Mosaic's loaders requeued on another allocation (issue 55:
+    another world size, number of workers or batch size; salted, not for CI's seeds), the others on the same."""
     scenario, preemption = _preempted(seed, _as_one_run(draw_library_case(seed), evaluate_before_resume=False))
     if scenario.data == "litdata-combined":  # a CombinedStreamingDataset resumes exactly without workers only
         scenario = replace(scenario, num_workers=0)
+    moved = random.Random(seed * 104729 + 5507)
+    anywhere = scenario.data in ("litdata", "mosaic") and preemption.again != "kill_while_saving"
+    if anywhere and seed not in LIBRARY_PREEMPTIONS_ON_ONE_ALLOCATION and moved.random() < 0.4:
+        layout = (moved.choice((1, 2)), moved.choice((0, 1, 2)), moved.choice((2, 4, 6, 8)))
+        if layout != (scenario.world_size, scenario.num_workers, scenario.batch_size):
+            preemption = replace(preemption, resumed_on=layout)
     return scenario, preemption
+
+
+def resumed_elsewhere_problems(runner: Runner, outcome: Outcome) -> list[str]:
+    """The judge of a data library's loader resumed on another layout: LitData's epoch goes on in the order that
+    began it (`elsewhere_mismatches`), Mosaic's global sequence in global batches of the new size
+    (`regrouped_mismatches`)."""
+    if outcome.scenario.data == "litdata":
+        return elsewhere_mismatches(runner, outcome)
+    return regrouped_mismatches(runner, outcome)

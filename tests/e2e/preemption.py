@@ -9,7 +9,8 @@ import signal
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from .harness import (
     RUN_TIMEOUT_S,
     TRAIN_SCRIPT,
     WITH_PARAMETERS,
+    Outcome,
     Records,
     Runner,
     Scenario,
@@ -189,12 +191,19 @@ class Preemption:
     launcher: str = "fork"
     sanity_steps: int = 0
     again: str | None = None
+    resumed_on: tuple[int, int, int] | None = None
+    """The requeue lands on another allocation (issue 55): the resume's (world size, workers, batch size)."""
 
     def label(self) -> str:
         first = "" if self.resumed_first is None else f"-after-resume@{self.resumed_first[0]}.{self.resumed_first[1]}"
         target = self.target.replace(" ", "_")
         again = "" if self.again is None else f"-again-{self.again}"
-        return f"SIG{self.signal}-to-{target}-{self.when}@{self.at[0]}.{self.at[1]}{first}{again}-{self.launcher}"
+        moved = (
+            "" if self.resumed_on is None else "-resumed-on-{}x{}w{}".format(*self.resumed_on[::2], self.resumed_on[1])
+        )
+        return (
+            f"SIG{self.signal}-to-{target}-{self.when}@{self.at[0]}.{self.at[1]}{first}{again}{moved}-{self.launcher}"
+        )
 
 
 @dataclass
@@ -241,9 +250,17 @@ def _kept_at(run: Path, phase: str, world_size: int, checkpoint: Path) -> tuple[
     return steps, validations
 
 
-def run_preemption(runner: Runner, scenario: Scenario, preemption: Preemption, run: Path) -> PreemptedRun:
+def run_preemption(
+    runner: Runner,
+    scenario: Scenario,
+    preemption: Preemption,
+    run: Path,
+    elsewhere: Callable[[Runner, Outcome], list[str]] | None = None,
+) -> PreemptedRun:
     """Run ``scenario`` preempted as ``preemption`` says, then resume its checkpoint to the end; compare every
-    rank's steps (ids, content, loss and parameter bits) and validations with the uninterrupted run's.
+    rank's steps (ids, content, loss and parameter bits) and validations with the uninterrupted run's, or, resumed on
+    another allocation (``preemption.resumed_on``), judge the run by ``elsewhere`` (the matrix's judge of such a
+    case, given the stop's epoch and the resume's layout).
 
     Raises:
         AssertionError: a run hung (every process's stack printed) or a leg failed.
@@ -349,6 +366,23 @@ def run_preemption(runner: Runner, scenario: Scenario, preemption: Preemption, r
         preempted = kept_validations = {rank: [] for rank in range(world_size)}
     else:
         preempted, kept_validations = _kept_at(run, "preempt", world_size, checkpoint)
+    if preemption.resumed_on is not None and elsewhere is not None:  # the requeue on another allocation
+        resume_world_size, resume_workers, resume_batch_size = preemption.resumed_on
+        moved = replace(
+            scenario, world_size=resume_world_size, num_workers=resume_workers, batch_size=resume_batch_size
+        )
+        _run_leg(run, "end", moved, checkpoint)
+        stopped = {rank: steps[rank] + preempted[rank] for rank in range(world_size)}
+        stop_epoch = max((record["epoch"] for records in stopped.values() for record in records), default=0)
+        judged = replace(
+            scenario,
+            stop_epoch=stop_epoch,
+            resume_world_size=resume_world_size,
+            resume_num_workers=resume_workers,
+            resume_batch_size=resume_batch_size,
+        )
+        resumed = read_records(run, "end", resume_world_size)
+        return PreemptedRun(exit_s, elsewhere(runner, Outcome(judged, full, stopped, resumed)))
     _run_leg(run, "end", scenario, checkpoint)  # (a phase named "resume..." reads its own checkpoint path)
     resumed, resumed_validations = read_records(run, "end", world_size), read_validations(run, "end", world_size)
     fields = [name for name in WITH_PARAMETERS if name != "batch"]  # (Lightning's numbering after resumes)

@@ -22,8 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from .chains import LIBRARY_PREEMPTION_SEEDS
 from .harness import Runner
-from .matrix import draw_library_preemption, draw_preemption, library_data_written, seeds
+from .matrix import (
+    draw_library_preemption,
+    draw_preemption,
+    library_data_written,
+    resumed_elsewhere_problems,
+    seeds,
+)
 from .preemption import PREEMPTION_WHENS, Preemption, run_preemption
 
 PREEMPTION_SEEDS = (0, 4, 7, 13, 14, 22, 27, 46, 49, 61, 66, 88, 97, 102, 148, 368, 321, 753)
@@ -40,21 +47,19 @@ WEB_DATASET_PREEMPTION_SEEDS = (21, 174, 257, 326)
 """Drawn preemptions of a WebDataset pipeline (issue 46; CI's extras step): SLURM's requeue signal to rank 1 at a
 step, 0 workers; SIGTERM to every rank as the next epoch's 2 workers start; SIGTERM to the group at the epoch's
 last batch, after a first resume, 2 workers (found the epoch-end defect); SIGTERM to the group in a validation."""
-LIBRARY_PREEMPTION_SEEDS = (0, 2, 4, 7, 9, 11, 13, 14, 25, 33, 40, 47, 200, 838557569, 851231692)
-"""LitData's and Mosaic's loaders, in CI's extras step: a cover of what `draw_library_preemption` draws, with the
-group signal to a chunked mixture (LitData's and Mosaic's datasets in a ``Mixture``, 2 workers) in the first epoch
-after a resume (25), to LitData's loader in the epoch a resume started (200) and to Mosaic's loader (4). (7, a
-chunked mixture whose workers the forkserver starts, found a LitData source read in the rank unpicklable for the
-next epoch's workers: `tests/test_litdata_internals.py` reproduces it.) Workers kept from pass to pass (issue 55):
-838557569, a chunked mixture's spawned workers, SLURM's requeue signal to rank 1 at a step; 851231692, Mosaic's
-loader's 2 workers by forkserver as the default, SIGTERM to rank 0 in the sanity check."""
 
 
 def _judged(runner: Runner, seed: int, drawn: tuple[object, Preemption], rerun: str) -> None:
     scenario, preemption = drawn
     where = f"seed {seed} ({scenario.label()}; {preemption.label()})"  # type: ignore[attr-defined]
     try:
-        outcome = run_preemption(runner, scenario, preemption, runner.root / f"preempt{seed}-{scenario.data}")  # type: ignore[arg-type,attr-defined]
+        outcome = run_preemption(
+            runner,
+            scenario,  # type: ignore[arg-type]
+            preemption,
+            runner.root / f"preempt{seed}-{scenario.data}",  # type: ignore[attr-defined]
+            resumed_elsewhere_problems,
+        )
     except AssertionError as error:
         raise AssertionError(f"{where}: a run failed or hung; rerun: {rerun}\n{error}") from None
     times = os.environ.get("E2E_PREEMPTION_TIMES")

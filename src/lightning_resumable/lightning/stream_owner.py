@@ -85,7 +85,12 @@ class StreamOwner(Owner[StreamState]):
             self.verifying = (saved.epoch, saved.batches) if recorded else None
             # On another layout only the global batch is the checkpoint's: checked sample by sample.
             samples = saved.next_samples if verify and not verifiable else None
-            if samples is not None and isinstance(batch_size, int):
+            if verify and not verifiable and not self.loader.continues_elsewhere(state):
+                rank_zero_info(
+                    "lightning_resumable: nothing of the checkpoint's epoch was read, and on this layout it is this"
+                    " layout's own: there is no batch of the checkpoint's to verify"
+                )
+            elif samples is not None and isinstance(batch_size, int):
                 self.loader.record.digest_first_samples(batch_size)
                 self.verifying, self.verifying_samples = (saved.epoch, saved.batches), samples
             elif verify and not verifiable:

@@ -137,6 +137,12 @@ class StreamReader:
             f" num_workers={saved.num_workers}"
         )
 
+    def continues_elsewhere(self, state: Mapping[str, Any]) -> bool:
+        """Whether ``state``, restored on another layout, goes on with the samples the checkpoint would have read
+        next (then its recorded next samples are checked); ``False``: a pass that reads the epoch in this layout's
+        own order."""
+        return True
+
     def state_for_rank(self, saved: StreamState, rank: int, world_size: int) -> Mapping[str, Any]:
         """The state ``rank`` of ``world_size`` restores from ``saved``, the saved layout checked; the world
         size is the policy's to allow (`world_size_refusal`), refused here too if it was not.

@@ -209,6 +209,9 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         self._remainder = rest_of_epoch(self.dataset, saved, rank, world_size, int(self.batch_size))
         return self._remainder.state_after(saved.batches)
 
+    def continues_elsewhere(self, state: Mapping[str, Any]) -> bool:
+        return FRESH_PASS not in state  # a fresh pass on another layout reads LitData's own order there
+
     def __iter__(self) -> Iterator[Any]:
         if self._remainder is not None and self.record.resuming:
             return self._read_remainder(self._remainder)
@@ -255,11 +258,14 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         return state
 
     def state_after(self, batches: int) -> dict[str, Any]:
-        """LitData's state after ``batches`` batches of the epoch; after none of a fresh pass, `FRESH_PASS`: LitData
-        starts a pass at its first batch (its ``__iter__`` is a generator), and its state before then is the last
-        pass's end (a resume from it read nothing)."""
+        """LitData's state after ``batches`` batches of the epoch; after none of a fresh pass, or before any pass began
+        (a save in the fit's setup), `FRESH_PASS`: LitData starts a pass at its first batch (its ``__iter__`` is a
+        generator), and its state before then is the last pass's end or its epoch's place before any (a resume from it
+        read nothing; on another layout it read the first layout's plan of another epoch)."""
         if batches == 0 and self._fresh_epoch is not None:
             return {FRESH_PASS: self._fresh_epoch}
+        if batches == 0 and not self.record.started and not self.record.resuming:  # saved before any pass began
+            return {FRESH_PASS: self.epoch_source() if self._next_epoch is None else self._next_epoch}
         return super().state_after(batches)
 
     def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:

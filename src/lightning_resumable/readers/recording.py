@@ -88,6 +88,11 @@ class PassRecord:
         return self._state is not None
 
     @property
+    def started(self) -> bool:
+        """Whether a pass has begun in this process (`record`)."""
+        return self._source is not None
+
+    @property
     def resuming(self) -> bool:
         """Whether the next pass continues a restored state."""
         return self._pending is not None
