@@ -27,10 +27,12 @@ from .matrix import epoch_sequence, global_steps, regrouping_problems
 MOSAIC_SAMPLES = 48
 """The samples of an epoch of the Mosaic shards the end-to-end runs read (`train.write_mosaic`)."""
 
-MOSAIC_CHAIN_SEEDS = (6, 12)
+MOSAIC_CHAIN_SEEDS = (6, 12, 356720985)
 """The chains CI's extras step runs: 6 goes 2 x 8 -> 2 x 2 (1 worker) -> 1 x 2 -> 2 x 6 (2 workers), stopped in the
 first epoch, then twice in the second (in a validation); 12 goes 2 x 4 with 2 workers kept -> 1 x 2 -> 1 x 2 -> 2 x 4,
-stopped at the second epoch's end, then twice in the third."""
+stopped at the second epoch's end, then twice in the third; 356720985 (a soak's) 2 x 8 -> 1 x 6, stopped at the
+first epoch's last batch (3 batches of 16, where the new layout's epoch has 8: the next epoch's start was taken for
+the saved epoch's 4th batch and refused)."""
 
 
 @dataclass(frozen=True)

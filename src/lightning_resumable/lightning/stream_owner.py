@@ -67,6 +67,8 @@ class StreamOwner(Owner[StreamState]):
         # pass is the next epoch, wherever the trainer is (the train start refuses another place).
         if resume_start(place, saved.epoch + 1, epoch_length=_length(self.loader)) is Start.NEXT_EPOCH:
             self.loader.start_epoch(saved.epoch + 1)
+            # Over by the length it had (another batch size counts the next epoch in other units): said once.
+            self.resumes_at = replace(place, over=True)
         elif saved.epoch == epoch:
             # Each rank verifies its own next batch, on the world size that recorded them.
             if verify and saved.next_batch is None:
