@@ -183,3 +183,23 @@ def test_skipping_steps_of_mosaics_loader_is_refused_naming_it(shards: Path) -> 
     owner = StreamOwner(loader(shards, 0, [0]), rank=0, world_size=1)
     with pytest.raises(SkipError, match="not supported for MosaicML Streaming's loader"):
         owner.set_holes(())
+
+
+def test_the_tests_cleaning_of_mosaics_memory_keeps_everything_of_a_live_prefix() -> None:
+    """`train.clean_mosaic_memory` removes what a run that ended left, never a live run's lock file: a lock file is
+    open only while taken, and one removed between two takes let two workers hold Mosaic's barrier lock at once."""
+    import tempfile
+
+    shm, temporary = Path("/dev/shm"), Path(tempfile.gettempdir())
+    live_block, live_lock = shm / "999998_locals", temporary / "999998_barrier_filelock"
+    left_block, left_lock = shm / "999997_locals", temporary / "999997_barrier_filelock"
+    for path in (live_block, live_lock, left_block, left_lock):
+        path.write_bytes(b"x")
+    try:
+        with live_block.open("rb"):  # a live run holds its blocks, not its lock files
+            train.clean_mosaic_memory()
+            assert live_block.exists() and live_lock.exists(), "a live prefix is kept whole"
+        assert not left_block.exists() and not left_lock.exists(), "what an ended run left is removed"
+    finally:
+        for path in (live_block, live_lock, left_block, left_lock):
+            path.unlink(missing_ok=True)

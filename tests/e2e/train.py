@@ -575,17 +575,23 @@ def clean_mosaic_memory() -> None:
     Mosaic's own ``clean_stale_shared_memory`` stops at the first free prefix: the blocks left past a gap
     made a later dataset fail with ``FileExistsError`` (seen here). A block a process holds is another
     run's, live (a test on the other pytest-xdist worker): removing it made that run's workers fail
-    (CI, the data libraries' preemption matrix, seed 7). Under `one_mosaic_registration_at_a_time`, so no
-    run is between taking a prefix and holding its blocks.
+    (CI, the data libraries' preemption matrix, seed 7). Nothing of a prefix whose blocks a process holds is
+    removed: a lock file is open only while a process takes it, and one removed between two takes let two of a
+    live run's workers hold Mosaic's barrier lock at once (on two files), and the barrier never opened (a soak's
+    uninterrupted Mosaic run, its 4 workers' barrier with 3 arrived, hung). Under
+    `one_mosaic_registration_at_a_time`, so no run is between taking a prefix and holding its blocks.
     """
     import tempfile
 
     with one_mosaic_registration_at_a_time():
         held = _files_open_on_this_machine()
-        for directory, pattern in ((Path("/dev/shm"), MOSAIC_NAMES), (Path(tempfile.gettempdir()), MOSAIC_LOCKS)):
-            for path in directory.glob("[0-9]*_*") if directory.is_dir() else ():
-                if pattern.match(path.name) and str(path) not in held:
-                    path.unlink(missing_ok=True)
+        shm = Path("/dev/shm")
+        blocks = [path for path in shm.glob("[0-9]*_*") if MOSAIC_NAMES.match(path.name)] if shm.is_dir() else []
+        live = {path.name[:6] for path in blocks if str(path) in held}
+        locks = [path for path in Path(tempfile.gettempdir()).glob("[0-9]*_*") if MOSAIC_LOCKS.match(path.name)]
+        for path in blocks + locks:
+            if path.name[:6] not in live and str(path) not in held:
+                path.unlink(missing_ok=True)
 
 
 MOSAIC_DIR = "mosaic-shards"
