@@ -86,11 +86,9 @@ def _wrap(cls: type, name: str, wrapper: Callable[[Callable[[Any], Any]], Callab
 def _resumable(user_train_dataloader: Callable[[Any], Any]) -> Callable[[Any], Any]:
     @functools.wraps(user_train_dataloader)
     def train_dataloader(self: ResumableDataModule) -> Any:
-        kept = _kept_train_input(self)
-        if kept is not None:
-            return kept
         try:
-            return _resumable_train_input(self, user_train_dataloader(self))
+            kept = _kept_train_input(self)
+            return kept if kept is not None else _resumable_train_input(self, user_train_dataloader(self))
         except BaseException:
             undo_argument_recording()  # Lightning leaves it in place when the hook raises
             raise
