@@ -61,6 +61,19 @@ def _draw_layout(draw: random.Random, most_workers: int = 2) -> Layout:
     return Layout(draw.choice((1, 2)), draw.choice((2, 4, 6, 8)), workers, bool(workers) and draw.random() < 0.3)
 
 
+def _first_run(draw: random.Random, first: Layout, data: str) -> Scenario:
+    """The chain's run on its first layout: the library's loader or a torch one over its dataset, 2 or 3 epochs."""
+    return Scenario(
+        world_size=first.world_size,
+        batch_size=first.batch_size,
+        num_workers=first.num_workers,
+        persistent_workers=first.persistent_workers,
+        loader=draw.choice(("StreamingDataLoader", "DataLoader")),
+        data=data,
+        epochs=draw.choice((2, 3)),
+    )
+
+
 def places(epoch: int, done: int, consumed: int, layout: Layout, epochs: int) -> list[tuple[int, int, bool]]:
     """Where a leg on ``layout`` that starts ``done`` batches (``consumed`` samples) into ``epoch`` may stop:
     (epoch, batch, the epoch's last), in Lightning's count (a resumed epoch counts its batches on from the
@@ -77,16 +90,7 @@ def draw_mosaic_chain(seed: int) -> tuple[Scenario, list[Leg], list[Layout]]:
     """A Mosaic chain: the first layout, one to three stops each resumed on a layout drawn anew, and the last leg."""
     draw = random.Random(seed * 6151 + 55)
     layouts = [_draw_layout(draw)]
-    first = layouts[0]
-    scenario = Scenario(
-        world_size=first.world_size,
-        batch_size=first.batch_size,
-        num_workers=first.num_workers,
-        persistent_workers=first.persistent_workers,
-        loader=draw.choice(("StreamingDataLoader", "DataLoader")),
-        data="mosaic",
-        epochs=draw.choice((2, 3)),
-    )
+    scenario = _first_run(draw, layouts[0], "mosaic")
     legs: list[Leg] = []
     epoch, done, consumed = 0, 0, 0
     for _ in range(draw.randint(1, 3)):
@@ -199,15 +203,7 @@ def draw_litdata_chain(seed: int, plans: Plans) -> LitDataChain:
     draw = random.Random(seed * 6151 + 56)
     layouts = [_draw_layout(draw, most_workers=3)]
     first = layouts[0]
-    scenario = Scenario(
-        world_size=first.world_size,
-        batch_size=first.batch_size,
-        num_workers=first.num_workers,
-        persistent_workers=first.persistent_workers,
-        loader=draw.choice(("StreamingDataLoader", "DataLoader")),
-        data="litdata",
-        epochs=draw.choice((2, 3)),
-    )
+    scenario = _first_run(draw, first, "litdata")
     legs: list[Leg] = []
     began, ended = {0: first}, {}
     epoch, done, position, elsewhere, saver = 0, 0, 0, False, first

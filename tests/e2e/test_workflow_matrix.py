@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -98,16 +99,22 @@ def test_a_drawn_data_library_workflow_resumes_exactly(runner: Runner, seed: int
         pytest.skip(f"{missing} not installed")
     library_data_written(runner, scenario.data)
     rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_workflow_matrix.py -k library"
-    where = f"seed {seed} ({scenario.label()})"
+    _assert_exact(
+        f"seed {seed} ({scenario.label()})", rerun, lambda: case_problems(runner, scenario, library_reference(scenario))
+    )
+
+
+def _assert_exact(where: str, rerun: str, problems_of: Callable[[], list[str]]) -> None:
+    """Judge a drawn run: a run that failed, and one that is not exact, each named with the command that reruns it."""
     try:
-        problems = case_problems(runner, scenario, library_reference(scenario))
-    except AssertionError as error:
+        problems = problems_of()
+    except AssertionError as error:  # a run that failed or refused
         raise AssertionError(f"{where}: a run failed; rerun: {rerun}\n{error}") from None
     assert problems == [], f"{where} is not exact; rerun: {rerun}\n" + "\n".join(problems[:6])
 
 
 @pytest.mark.parametrize("seed", seeds(fixed=MOSAIC_CHAIN_SEEDS))
-def test_a_drawn_data_library_chain_over_layouts_resumes_exactly(runner: Runner, seed: int) -> None:
+def test_a_drawn_data_library_chain_of_mosaic_over_layouts_resumes_exactly(runner: Runner, seed: int) -> None:
     """Issue 55: MosaicML Streaming's loader interrupted one to three times, each resume on a layout drawn anew (world
     size, batch size, workers, kept workers; `layout_chains.draw_mosaic_chain`), every epoch judged against the
     uninterrupted run of the first layout."""
@@ -115,13 +122,11 @@ def test_a_drawn_data_library_chain_over_layouts_resumes_exactly(runner: Runner,
         pytest.skip("MosaicML Streaming is not installed")
     scenario, legs, layouts = draw_mosaic_chain(seed)
     library_data_written(runner, "mosaic")
-    rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_workflow_matrix.py -k data_library_chain"
+    rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_workflow_matrix.py -k chain_of_mosaic"
     where = f"seed {seed} ({layout_chains.described(layouts)}; {described(legs)})"
-    try:
-        problems = mosaic_chain_problems(runner, scenario, legs, runner.root / f"layout-chain{seed}")
-    except AssertionError as error:
-        raise AssertionError(f"{where}: a leg failed; rerun: {rerun}\n{error}") from None
-    assert problems == [], f"{where} is not exact; rerun: {rerun}\n" + "\n".join(problems[:6])
+    _assert_exact(
+        where, rerun, lambda: mosaic_chain_problems(runner, scenario, legs, runner.root / f"layout-chain{seed}")
+    )
 
 
 @pytest.mark.parametrize("seed", seeds(fixed=LITDATA_CHAIN_SEEDS))
@@ -135,11 +140,8 @@ def test_a_drawn_data_library_chain_of_litdata_over_layouts_resumes_exactly(runn
     chain = draw_litdata_chain(seed, litdata_plans(runner.root / LITDATA_DIR))
     rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_workflow_matrix.py -k chain_of_litdata"
     where = f"seed {seed} ({layout_chains.described(chain.layouts)}; {described(chain.legs)})"
-    try:
-        problems = litdata_chain_problems(runner, chain, runner.root / f"litdata-layout-chain{seed}")
-    except AssertionError as error:
-        raise AssertionError(f"{where}: a leg failed; rerun: {rerun}\n{error}") from None
-    assert problems == [], f"{where} is not exact; rerun: {rerun}\n" + "\n".join(problems[:6])
+    run_dir = runner.root / f"litdata-layout-chain{seed}"
+    _assert_exact(where, rerun, lambda: litdata_chain_problems(runner, chain, run_dir))
 
 
 def test_the_layout_chains_draw_new_layouts_at_their_resumes() -> None:
