@@ -128,8 +128,9 @@ def run(work: Path, files: list[str], phase: str, *options: str) -> dict[int, li
                 time.sleep(0.1)
             os.killpg(process.pid, signal.SIGKILL)  # the launcher, both ranks and their loader workers
             process.wait()
-        elif process.wait(timeout=600):
-            sys.exit(f"the {phase} run failed; see {work / phase}.log")
+        elif process.wait(timeout=600):  # its log goes with the temporary folder: its end is printed here
+            tail = (work / f"{phase}.log").read_text(errors="replace")[-4000:]
+            sys.exit(f"the {phase} run failed (exit {process.returncode}); the end of its log:\n{tail}")
     return {
         rank: [json.loads(line) for line in Path(f"{work / phase}.rank{rank}.jsonl").read_text().splitlines()]
         for rank in range(WORLD_SIZE)
