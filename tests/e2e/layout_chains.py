@@ -62,15 +62,18 @@ def _draw_layout(draw: random.Random, most_workers: int = 2) -> Layout:
 
 
 def _first_run(draw: random.Random, first: Layout, data: str) -> Scenario:
-    """The chain's run on its first layout: the library's loader or a torch one over its dataset, 2 or 3 epochs."""
+    """The chain's run on its first layout: the library's loader or a torch one over its dataset (a WebDataset
+    pipeline shuffled through a buffer: a torch loader or torchdata's), 2 or 3 epochs."""
+    own = "StatefulDataLoader" if data == "wds" else "StreamingDataLoader"
     return Scenario(
         world_size=first.world_size,
         batch_size=first.batch_size,
         num_workers=first.num_workers,
         persistent_workers=first.persistent_workers,
-        loader=draw.choice(("StreamingDataLoader", "DataLoader")),
+        loader=draw.choice((own, "DataLoader")),
         data=data,
         epochs=draw.choice((2, 3)),
+        shuffle_buffer=5 if data == "wds" else 0,
     )
 
 
@@ -196,14 +199,34 @@ def _trained(plans: list[list[list[int]]], batches: int) -> int:
     return sum(len(batch) for plan in plans for batch in plan[:batches])
 
 
-def draw_litdata_chain(seed: int, plans: Plans) -> LitDataChain:
-    """A LitData chain: where a leg may stop follows from LitData's plans (a fresh epoch's length is its longest
-    rank's; an epoch going on elsewhere counts its batches on from the checkpoint's, then the rest's in this layout's
+WEB_LAYOUT_CHAIN_SEEDS = (2, 10)
+"""The WebDataset chains CI runs (drawn as LitData's: the same layouts and legs' kinds)."""
+
+WEB_REFERENCE = Scenario(world_size=1, data="wds", shuffle_buffer=5, epochs=3)
+"""The fresh runs a WebDataset chain is placed and judged by, on each layout: its order depends neither on the loader
+class (both are read as torchdata's) nor on the epochs after."""
+
+
+def web_plans(runner: Runner) -> Plans:
+    """`Plans` of the WebDataset pipeline the runs read: each layout's fresh run's batches (the chain's judge runs
+    the same ones)."""
+
+    def plans(layout: Layout, epoch: int) -> list[list[list[int]]]:
+        records = _fresh(runner, WEB_REFERENCE, layout)
+        return [[record["ids"] for record in records[rank] if record["epoch"] == epoch] for rank in sorted(records)]
+
+    return plans
+
+
+def draw_litdata_chain(seed: int, plans: Plans, data: str = "litdata") -> LitDataChain:
+    """A chain of a loader whose epoch goes on in the order that began it (LitData's, or a WebDataset pipeline's:
+    ``data``): where a leg may stop follows from the layouts' plans (a fresh epoch's length is its longest rank's;
+    an epoch going on elsewhere counts its batches on from the checkpoint's, then the rest's in this layout's
     global batches)."""
     draw = random.Random(seed * 6151 + 56)
     layouts = [_draw_layout(draw, most_workers=3)]
     first = layouts[0]
-    scenario = _first_run(draw, first, "litdata")
+    scenario = _first_run(draw, first, data)
     legs: list[Leg] = []
     began, ended = {0: first}, {}
     epoch, done, position, elsewhere, saver = 0, 0, 0, False, first
@@ -257,9 +280,10 @@ def litdata_chain_problems(runner: Runner, chain: LitDataChain, run_dir: Path) -
     global batch of the last layout's padding, from its own samples; each sample augmented as there."""
     steps, _ = run_chain(run_dir, chain.scenario, chain.legs)
     problems = []
+    reference = WEB_REFERENCE if chain.scenario.data == "wds" else chain.scenario
     for epoch in range(chain.scenario.epochs):
         origin = chain.began[epoch]
-        fresh = _fresh(runner, chain.scenario, origin)
+        fresh = _fresh(runner, reference, origin)
         expected, trained = epoch_sequence(fresh, epoch), epoch_sequence(steps, epoch)
         padding = trained[len(expected) :]
         if trained[: len(expected)] != expected or len(padding) >= chain.ended[epoch].global_batch:

@@ -14,7 +14,15 @@ import pytest
 
 from .data_setups import STREAM_SIZE
 from .harness import FIELDS, Records, Runner, Scenario, check_run_exits
-from .matrix import case_problems, chain_problems, described, draw_case, draw_chain, refused_problems
+from .matrix import (
+    case_problems,
+    chain_problems,
+    described,
+    draw_case,
+    draw_chain,
+    elsewhere_mismatches,
+    refused_problems,
+)
 from .train import WDS_REFUSED
 
 pytest.importorskip("webdataset")
@@ -127,3 +135,42 @@ def test_a_web_dataset_run_stopped_by_max_steps_exits_on_its_own(
     or in the pipeline), stopped inside an epoch with its workers running, ends by a normal interpreter exit."""
     scenario = Scenario(world_size=2, num_workers=2, data="wds", shuffle_buffer=5, wds_form=form)
     check_run_exits(tmp_path_factory.mktemp("exits"), scenario)
+
+
+ELSEWHERE = [
+    Scenario(world_size=2, num_workers=2, data="wds", shuffle_buffer=5, resume_world_size=1, resume_num_workers=0),
+    Scenario(world_size=2, num_workers=2, data="wds", shuffle_buffer=5, resume_num_workers=3, resume_batch_size=6),
+    Scenario(
+        world_size=1,
+        num_workers=3,
+        data="wds",
+        shuffle_buffer=5,
+        stop_kind="validation",
+        resume_world_size=2,
+        resume_batch_size=2,
+        persistent_workers=True,
+    ),
+    Scenario(world_size=2, data="wds", shuffle_buffer=5, stop_kind="last_batch", resume_world_size=1),
+    Scenario(
+        world_size=2,
+        num_workers=2,
+        data="wds",
+        shuffle_buffer=8,
+        wds_form="batched-after",
+        resume_world_size=1,
+        resume_batch_size=4,
+    ),
+]
+"""Issue 55: a WebDataset pipeline requeued on another allocation: 2 processes with 2 workers -> 1 without, -> 2
+with 3 workers and batches of 6; 1 process with 3 workers -> 2 with batches of 2 and workers kept (a stop at a
+validation); an epoch's last batch, 2 -> 1; batched in the pipeline, 2 -> 1."""
+
+
+@pytest.mark.parametrize("scenario", ELSEWHERE, ids=[s.label() for s in ELSEWHERE])
+def test_a_web_dataset_resumed_on_another_layout_goes_on_in_the_interrupted_epochs_order(
+    runner: Runner, scenario: Scenario
+) -> None:
+    """The interrupted epoch's samples go on in the global order the first layout would have trained them (the rest
+    of its sequence, dealt in global batches of the new layout; a last uneven one padded from the rest's start),
+    each with what ``map`` drew for it; the next epochs are what a fresh run of the new layout reads."""
+    assert elsewhere_mismatches(runner, runner.run(scenario)) == []

@@ -19,7 +19,14 @@ from typing import Any
 
 from lightning_resumable.errors import StateFormatError
 
-__all__ = ["check_loader_state", "holds_restored_iterator", "take_iterator", "torchdata_release", "torchdata_version"]
+__all__ = [
+    "check_loader_state",
+    "dataset_states",
+    "holds_restored_iterator",
+    "take_iterator",
+    "torchdata_release",
+    "torchdata_version",
+]
 
 # What a state without workers holds (the main process's iterator), and the type of each value.
 _IN_PROCESS: dict[str, type | tuple[type, ...]] = {
@@ -117,3 +124,12 @@ def check_loader_state(state: object, num_workers: int, rank: int) -> None:
         if worker["worker_id"] != int(name.removeprefix("worker_")):
             raise StateFormatError(f"{where} of {name} is the state of worker {worker['worker_id']}")
         _check(worker["dataset_state"], _STREAM, f"{where} of {name}['dataset_state']")
+
+
+def dataset_states(state: Mapping[str, Any], num_workers: int) -> list[Mapping[str, Any]]:
+    """The dataset's state in each worker of a stream loader's ``state`` (checked by `check_loader_state`), in
+    worker order; without workers, the one of the main process."""
+    if num_workers == 0:
+        return [state["dataset_state"]]
+    workers = state["_snapshot"]["_worker_snapshots"]
+    return [workers[f"worker_{worker}"]["dataset_state"] for worker in range(num_workers)]

@@ -44,7 +44,7 @@ from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.libraries import LIBRARIES, is_of
 from lightning_resumable.readers.litdata_chunks import LitDataChunkReader
 from lightning_resumable.readers.litdata_elsewhere import ELSEWHERE, Remainder, RemainderSamples, rest_of_epoch
-from lightning_resumable.readers.recording import PassRecord
+from lightning_resumable.readers.recording import FRESH_PASS, PassRecord
 from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings
 from lightning_resumable.readers.workers import ForkingEachPass, retire, warn_once_on_affected_python
 
@@ -141,10 +141,6 @@ def combined_as_mixture(loader: Any) -> tuple[Mixture, dict[str, Any]]:
 def mixture_source(dataset: StreamingDataset, window: int) -> LitDataChunkReader:
     """LitData's dataset as a `Mixture` reads it (`lightning_resumable.readers.base.Adapter.mixture_source`)."""
     return LitDataChunkReader(dataset, window)
-
-
-FRESH_PASS = "lightning_resumable.fresh_pass"
-"""The key of the state a `LitDataLoader` records after no batch of a fresh pass: the pass's epoch."""
 
 
 def _epoch_of(dataset: StreamingDataset) -> int:

@@ -20,7 +20,11 @@ from lightning_resumable.core.global_batch import sample_digests
 from lightning_resumable.core.verification import digest_of
 from lightning_resumable.errors import StreamPositionError
 
-__all__ = ["PassRecord"]
+__all__ = ["FRESH_PASS", "PassRecord"]
+
+FRESH_PASS = "lightning_resumable.fresh_pass"
+"""The key of a state after no batch of a fresh pass (its epoch): nothing of the epoch was read, so a resume on
+another layout reads it in that layout's own order (LitData's loader, a WebDataset pipeline)."""
 
 _KEPT = 3
 """Batches (and states) kept: Lightning reads at most one batch ahead."""

@@ -39,6 +39,7 @@ from lightning_resumable.errors import (
 from lightning_resumable.format.envelope import GLOBAL_POSITION_ATTRIBUTE, StreamState
 from lightning_resumable.internals._torchdata import (
     check_loader_state,
+    dataset_states,
     holds_restored_iterator,
     take_iterator,
     torchdata_release,
@@ -46,9 +47,10 @@ from lightning_resumable.internals._torchdata import (
 )
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
 from lightning_resumable.readers.hugging_face import take_over_buffers
-from lightning_resumable.readers.recording import PassRecord
+from lightning_resumable.readers.recording import FRESH_PASS, PassRecord
 from lightning_resumable.readers.seeded_stream import SeededStream
 from lightning_resumable.readers.settings import TORCH_SETTINGS, forwarded_settings
+from lightning_resumable.readers.web_elsewhere import WEB_ELSEWHERE, Layout, resume_plan
 from lightning_resumable.readers.workers import (
     forking,
     retire,
@@ -120,15 +122,29 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
     def resume_from(self, state: Mapping[str, Any], batches: int, next_batch: str = "") -> None:
         """Continue the next iteration from ``state``, ``batches`` batches into the epoch; ``next_batch``:
         the digest the first batch read must have (`first_batch` holds the outcome), ``""``: unknown."""
+        if FRESH_PASS in state:  # nothing of the epoch read: a fresh pass of it, on this layout
+            self.record.expect_first(next_batch)
+            return
+        if WEB_ELSEWHERE in state:  # the rest of an epoch begun on another layout, in its order
+            self.dataset.resume_elsewhere(state[WEB_ELSEWHERE])
+            self.record.resume(batches, copy.deepcopy(dict(state)), next_batch)
+            return
         StatefulDataLoader.load_state_dict(self, copy.deepcopy(dict(state)))
         # Kept as restored: asked for before the pass, torchdata's state_dict() would start the restored
         # iterator (its workers) early, and the pass then read other batches (seen with 2 workers).
         self.record.resume(batches, copy.deepcopy(dict(state)), next_batch)
 
+    @property
+    def resumes_on_any_layout(self) -> bool:
+        """Whether an epoch goes on on another world size, number of workers or batch size, in the order that began
+        it: a stream the library reads in its own order (a WebDataset pipeline's,
+        `lightning_resumable.readers.web_elsewhere`), batched without dropping a worker's last partial batch."""
+        return bool(getattr(self.dataset, "resumes_on_any_layout", False)) and not self.drop_last
+
     def world_size_refusal(self, saved: StreamState) -> str | None:
         """Why ``saved`` cannot resume on another world size: a stream's position is per rank, unless the
-        dataset declares it global (then every rank restores rank 0's state)."""
-        if saved.global_position:
+        dataset declares it global (then every rank restores rank 0's state) or reads it in its own order."""
+        if saved.global_position or self.resumes_on_any_layout:
             return None
         return (
             "a stream's position is per rank (each rank reads its own shard), so it means other data on another"
@@ -147,6 +163,10 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
             IncompatibleStateError: the state was written by a newer torchdata than the installed one.
             StateFormatError: a rank's state is not a loader state of that number of workers.
         """
+        if self.resumes_on_any_layout:
+            elsewhere = self._state_elsewhere(saved, world_size)
+            if elsewhere is not None:
+                return elsewhere
         refusal = self.world_size_refusal(saved)
         if world_size != saved.world_size and refusal is not None:
             raise WorldSizeChangedError(
@@ -169,6 +189,43 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
         for each, state in enumerate(saved.ranks):  # every rank checks them all
             check_loader_state(state, saved.num_workers, each)
         return saved.ranks[rank if world_size == saved.world_size else 0]
+
+    def _state_elsewhere(self, saved: StreamState, world_size: int) -> Mapping[str, Any] | None:
+        """What every rank restores of an epoch that goes on on this layout in the order that began it (`WEB_ELSEWHERE`:
+        the place in its global sequence, the same on every rank; `FRESH_PASS` if nothing of it was read: the pass is
+        this layout's own); ``None``: the saved layout's own states, restored as saved.
+
+        Raises:
+            IncompatibleStateError: one layout batched by the loader, the other by the pipeline.
+            StateFormatError: a rank's state is malformed.
+        """
+        for each, state in enumerate(saved.ranks):
+            if WEB_ELSEWHERE not in state:
+                check_loader_state(state, saved.num_workers, each)
+        states: list[Mapping[str, Any]] = []  # every worker's dataset state, rank after rank
+        for state in saved.ranks:
+            if WEB_ELSEWHERE in state:  # saved before the first batch of an epoch going on elsewhere: its plan
+                states.append({"stream": {"epoch": saved.epoch, WEB_ELSEWHERE: state[WEB_ELSEWHERE]}, "yielded": 0})
+            else:
+                states.extend(dataset_states(state, saved.num_workers))
+        going_on = any(WEB_ELSEWHERE in state["stream"] for state in states)
+        layout = (world_size, self.num_workers, self.batch_size)
+        if layout == (saved.world_size, saved.num_workers, saved.batch_size) and not going_on:
+            return None
+        if (self.batch_size is None) != (saved.batch_size is None):
+            raise IncompatibleStateError(
+                f"the checkpoint's stream was batched by {'its pipeline' if saved.batch_size is None else 'the loader'}"
+                f" and the train loader now is batched by {'its pipeline' if self.batch_size is None else 'itself'}:"
+                " the items of its sequence would not be the same. Batch it as the checkpoint's run did"
+            )
+        if not going_on and saved.batches == 0:
+            return {FRESH_PASS: saved.epoch}
+        first = Layout(saved.world_size, saved.num_workers, saved.batch_size or 1)
+        new = Layout(world_size, self.num_workers, self.batch_size or 1)
+        return {WEB_ELSEWHERE: resume_plan(states, first, saved.epoch, saved.batches, new)}
+
+    def continues_elsewhere(self, state: Mapping[str, Any]) -> bool:
+        return FRESH_PASS not in state  # a fresh pass on another layout reads that layout's own order
 
 
 def recognises(loader: object) -> bool:

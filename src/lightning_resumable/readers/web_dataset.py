@@ -40,6 +40,13 @@ from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.format._keys import Domain, domain_key, stream_key
 from lightning_resumable.readers import streams
 from lightning_resumable.readers.base import BuildOptions, Built
+from lightning_resumable.readers.web_elsewhere import (
+    WEB_ELSEWHERE,
+    GlobalSequence,
+    Layout,
+    rest_items,
+    sequence_from_state,
+)
 from lightning_resumable.readers.web_plan import WebPlan, apply, plan_of, stage_name
 
 __all__ = ["WebShards", "build", "mixture_source", "recognises"]
@@ -137,36 +144,75 @@ class WebShards(IterableDataset[Any]):
         self.epoch = 0
         self._place: dict[str, Any] = fresh_place(1)
         self._restored: dict[str, Any] | None = None
+        self._elsewhere: tuple[int, dict[str, Any]] | None = None  # an epoch going on from another layout's order
+        self._sequence: GlobalSequence | None = None  # that epoch's global sequence, as this worker reads it
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def shards(self, worker: int, workers: int) -> list[str]:
-        """The URLs ``worker`` of ``workers`` reads in this epoch, in order."""
+    resumes_on_any_layout = True
+    """An epoch resumes on another world size, number of workers or batch size
+    (`lightning_resumable.readers.web_elsewhere`)."""
+
+    def shards(self, worker: int, workers: int, rank: int | None = None, world_size: int | None = None) -> list[str]:
+        """The URLs ``worker`` of ``workers`` reads in this epoch, in order, on this process (or on ``rank`` of
+        ``world_size``)."""
+        rank = self.rank if rank is None else rank
+        world_size = self.world_size if world_size is None else world_size
         urls = list(self.plan.urls)
         if self.plan.shuffle_shards and len(urls) > 1:
             seed = domain_key(self.seed, Domain.WINDOW, len(urls)) >> 1
             urls = [urls[index] for index in EpochOrder(len(urls), seed, self.epoch)(torch.arange(len(urls))).tolist()]
         if self.plan.split_by_node:
-            urls = urls[self.rank :: self.world_size]
+            urls = urls[rank::world_size]
         if self.plan.split_by_worker:
             urls = urls[worker::workers]
         return urls
 
-    def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        urls = self.shards(worker, workers)
+    def _partition(self, rank: int, world_size: int, worker: int, workers: int, place: dict[str, Any]) -> Iterator[Any]:
+        """What ``worker`` of ``workers`` on ``rank`` of ``world_size`` yields in this epoch from ``place`` (updated as
+        it reads): its shards in groups side by side, in windows keyed by the epoch, the rank and the worker."""
+        urls = self.shards(worker, workers, rank, world_size)
         shuffled = self.plan.buffer > 1 or self.plan.shuffle_shards  # else its order is kept: one shard at a time
         groups = max(1, min(len(urls), INTERLEAVED_SOURCES if shuffled else 1))
         bounds = [len(urls) * number // groups for number in range(groups + 1)]
         sources = [TarShards(urls[bounds[n] : bounds[n + 1]], self.plan) for n in range(groups)]
-        key = domain_key(stream_key(self.seed, self.epoch, self.rank, worker), Domain.WINDOW)
-        self._place, self._restored = self._restored or fresh_place(len(sources)), None
-        samples = read_shuffled(sources, self.plan.buffer, key, self._place, self.seed_reads)
+        key = domain_key(stream_key(self.seed, self.epoch, rank, worker), Domain.WINDOW)
+        samples = read_shuffled(sources, self.plan.buffer, key, place, self.seed_reads)
         return apply(self.plan.after, samples)
 
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if self._elsewhere is not None and self._elsewhere[0] == self.epoch:
+            return self._rest(worker)
+        self._elsewhere = self._sequence = None  # an epoch that went on elsewhere is over: this layout's own
+        self._place, self._restored = self._restored or fresh_place(1), None
+        return self._partition(self.rank, self.world_size, worker, workers, self._place)
+
+    def resume_elsewhere(self, plan: Mapping[str, Any]) -> None:
+        """Read the rest of ``plan``'s epoch (`lightning_resumable.readers.web_elsewhere.resume_plan`) in the next
+        pass: its first layout's global order, dealt to this layout."""
+        self._elsewhere = (int(plan["epoch"]), copy.deepcopy(dict(plan)))
+
+    def _rest(self, worker: int) -> Iterator[Any]:
+        assert self._elsewhere is not None
+        plan = self._elsewhere[1]
+        first = Layout(*plan["sequence"]["first"])
+        self._sequence = sequence_from_state(
+            plan["sequence"],
+            lambda rank, each, place: self._partition(rank, first.world_size, each, first.workers, place),
+            self.seed,
+            self.epoch,
+            self.seed_reads,
+        )
+        return rest_items(self._sequence, self.rank, Layout(*plan["layout"]), worker)
+
     def state_dict(self) -> dict[str, Any]:
+        if self._elsewhere is not None and self._elsewhere[0] == self.epoch:
+            plan = self._elsewhere[1]
+            sequence = self._sequence.to_state() if self._sequence is not None else copy.deepcopy(plan["sequence"])
+            return {"epoch": self.epoch, WEB_ELSEWHERE: {**plan, "sequence": sequence}}
         return {"epoch": self.epoch, "place": copy.deepcopy(self._place)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

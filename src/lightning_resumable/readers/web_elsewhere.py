@@ -1,0 +1,299 @@
+"""A WebDataset pipeline resumed on another layout: another world size, number of workers or batch size (issue 55).
+
+Promise: the interrupted epoch goes on in the global order the layout that began it would have trained it, and
+the next epochs are the new layout's own (as a fresh run of it reads them), as LitData's loader resumed elsewhere
+does (`lightning_resumable.readers.litdata_elsewhere`):
+
+- the first layout's order is its **partitions'** (one per rank and worker: the shards that worker reads, in its
+  windows, each sample drawn under its own seed) read in torch's turns: a rank's loader takes its workers' batches
+  in turn and passes over one that has run out (`tests/test_torch_internals.py`), and the global sequence is step
+  after step, rank after rank in a step. `GlobalSequence` reads it lazily from the partitions' saved places, so
+  nothing needs the partitions' lengths in advance: where a partition ends is found where the first layout found
+  it, by reading it;
+- the resumed run deals the rest of that sequence to its ranks in global batches of its own size (a last uneven
+  global batch padded from the rest's start, as ``DistributedSampler`` pads), and its workers take the batches in
+  torch's turns. A tar stream has no random access, so **each resumed worker reads every partition** and keeps its
+  own batches: the rest of that one epoch costs up to the number of the new layout's workers (all ranks') times
+  the reading; a restore re-reads at most one window per partition, as on the same layout;
+- the state of a worker inside that epoch is the sequence's place (each partition's window place, samples read,
+  batches, end found; the rank whose turn it is), and a save takes the one at the checkpoint's global position, so
+  a chain resumes it again, on any layout.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_resumable.core import randomness
+from lightning_resumable.core.window_shuffle import fresh_place
+from lightning_resumable.errors import StateFormatError
+from lightning_resumable.format._keys import stream_key, stream_sample_seed
+
+__all__ = ["WEB_ELSEWHERE", "GlobalSequence", "Layout", "Partition", "rest_items", "resume_plan"]
+
+WEB_ELSEWHERE = "lightning_resumable.web_elsewhere"
+"""The key of a WebDataset state whose epoch goes on on another layout than the one that began it."""
+
+OpenPartition = Callable[[int, int, dict[str, Any]], Iterator[Any]]
+"""``(rank, worker, place)`` of the first layout -> that partition's items from ``place`` (a window place, updated
+as the items are read)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A loader's layout: ``world_size`` processes, ``num_workers`` workers each, batches of ``batch_size`` items."""
+
+    world_size: int
+    num_workers: int
+    batch_size: int
+
+    @property
+    def workers(self) -> int:
+        """The partitions per rank: its workers, or the rank itself without any."""
+        return max(self.num_workers, 1)
+
+
+@dataclass
+class Partition:
+    """One worker's stream of the first layout: its window place, the items read of it (their seeds are keyed by
+    the count), the batches begun of it, and whether its end was found."""
+
+    place: dict[str, Any]
+    read: int = 0
+    batches: int = 0
+    ended: bool = False
+
+    def to_state(self) -> list[Any]:
+        return [copy.deepcopy(self.place), self.read, self.batches, self.ended]
+
+    @classmethod
+    def from_state(cls, raw: object) -> Partition:
+        if not (isinstance(raw, list) and len(raw) == 4 and isinstance(raw[0], dict)):
+            raise StateFormatError(f"a WebDataset partition's state is malformed: {raw!r:.200}")
+        place, read, batches, ended = raw
+        if type(read) is not int or type(batches) is not int or type(ended) is not bool or min(read, batches) < 0:
+            raise StateFormatError(f"a WebDataset partition's state is malformed: {raw!r:.200}")
+        return cls(copy.deepcopy(place), read, batches, ended)
+
+
+class GlobalSequence:
+    """The first layout's global sequence of an epoch from a place in it, read lazily (see the module).
+
+    Args:
+        first: the layout that began the epoch.
+        partitions: each of its (rank, worker) streams' place, rank after rank.
+        turn: the rank whose batch is next; ``current``: the partition whose batch is being read and the items left
+            of that batch, or ``None`` (the rank picks its next worker).
+        open_partition: opens a partition at a place (`OpenPartition`).
+        seed, epoch: the items' seeds are keyed by them, the partition's rank and worker, and its count.
+        seed_globals: each item is read with the global generators seeded, as the first layout read it.
+    """
+
+    def __init__(
+        self,
+        first: Layout,
+        partitions: list[Partition],
+        turn: int,
+        current: tuple[int, int] | None,
+        open_partition: OpenPartition,
+        seed: int,
+        epoch: int,
+        seed_globals: bool,
+    ) -> None:
+        if len(partitions) != first.world_size * first.workers:
+            raise StateFormatError(
+                f"a WebDataset state of an epoch begun on {first.world_size} processes with {first.num_workers}"
+                f" workers holds {len(partitions)} partitions"
+            )
+        self.first, self.partitions, self.turn, self.current = first, partitions, turn, current
+        self._open, self._seed, self._epoch, self._seed_globals = open_partition, seed, epoch, seed_globals
+        self._readers: dict[int, Iterator[Any]] = {}
+
+    @property
+    def position(self) -> int:
+        """The items of the epoch's global sequence read (those before the first resume included)."""
+        return sum(partition.read for partition in self.partitions)
+
+    @property
+    def ended(self) -> bool:
+        return all(partition.ended for partition in self.partitions)
+
+    def next_item(self) -> tuple[bool, Any]:
+        """``(True, item)``: the sequence's next item; ``(False, None)``: the epoch's end."""
+        batch = self.first.batch_size
+        while not self.ended:
+            if self.current is None:
+                worker = self._next_worker(self.turn)
+                if worker is None:  # every worker of this rank has run out: its turn passes
+                    self._pass_turn()
+                    continue
+                self.current = (self.turn * self.first.workers + worker, batch)
+            number, left = self.current
+            partition = self.partitions[number]
+            found, item = self._read(number)
+            if not found:
+                partition.ended = True
+                self.current = None
+                if left < batch:  # a last partial batch: the rank's turn is over
+                    self._pass_turn()
+                continue  # else the worker had run out: torch passes over it in the same turn
+            if left == batch:
+                partition.batches += 1
+            self.current = (number, left - 1) if left > 1 else None
+            if left == 1:
+                self._pass_turn()
+            return True, item
+        return False, None
+
+    def _next_worker(self, rank: int) -> int | None:
+        """The worker whose batch ``rank`` takes next: the one of fewest batches (the lowest in a tie), of those
+        not found ended (torch's turns, a worker that ran out passed over)."""
+        workers = self.first.workers
+        live = [w for w in range(workers) if not self.partitions[rank * workers + w].ended]
+        return min(live, key=lambda w: (self.partitions[rank * workers + w].batches, w)) if live else None
+
+    def _pass_turn(self) -> None:
+        self.turn = (self.turn + 1) % self.first.world_size
+
+    def _read(self, number: int) -> tuple[bool, Any]:
+        """Partition ``number``'s next item, under the seed its worker read it under."""
+        partition, workers = self.partitions[number], self.first.workers
+        rank, worker = divmod(number, workers)
+        reader = self._readers.get(number)
+        if reader is None:
+            reader = self._readers[number] = self._open(rank, worker, partition.place)
+        key = stream_key(self._seed, self._epoch, rank, worker)
+        with randomness.inner_samples():
+            randomness.begin_sample(stream_sample_seed(key, partition.read), self._seed_globals)
+            try:
+                item = next(reader)
+            except StopIteration:
+                return False, None
+            finally:
+                randomness.end_sample()
+        partition.read += 1
+        return True, item
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "first": [self.first.world_size, self.first.num_workers, self.first.batch_size],
+            "partitions": [partition.to_state() for partition in self.partitions],
+            "turn": self.turn,
+            "current": list(self.current) if self.current is not None else None,
+        }
+
+
+def rest_items(sequence: GlobalSequence, rank: int, layout: Layout, worker: int) -> Iterator[Any]:
+    """The items of ``worker`` of ``rank`` of ``layout`` in the rest of ``sequence``: its batches (global batches of
+    ``layout.world_size x layout.batch_size``, rank after rank; this worker's every ``layout.workers``-th from its
+    number on), each yielded right after the sequence reads it (its state is then the place after it); a last
+    uneven global batch padded from the rest's start."""
+    global_batch = layout.world_size * layout.batch_size
+    head: list[Any] = []  # the rest's first global batch: the padding of its last
+    last: list[Any] = [None]  # the item read last
+    read, ended = 0, False
+
+    def read_to(count: int) -> None:
+        nonlocal read, ended
+        while read < count and not ended:
+            found, item = sequence.next_item()
+            if not found:
+                ended = True
+            else:
+                if len(head) < global_batch:
+                    head.append(item)
+                read += 1
+                last[0] = item
+
+    step = worker
+    while True:
+        read_to(step * global_batch + 1)
+        if read <= step * global_batch:  # the rest has no such global batch
+            return
+        first = step * global_batch + rank * layout.batch_size
+        for index in range(first, first + layout.batch_size):
+            read_to(index + 1)
+            if index < read:
+                assert read == index + 1
+                yield last[0]
+            else:
+                yield head[(index - read) % len(head)]
+        step += layout.workers
+
+
+def resume_plan(
+    states: Sequence[Mapping[str, Any]], first: Layout, epoch: int, batches: int, layout: Layout
+) -> dict[str, Any]:
+    """The place to resume at, as a WebDataset state's `WEB_ELSEWHERE` entry, from the dataset states of every worker
+    of every rank of a checkpoint written after ``batches`` batches of ``epoch`` (rank after rank, worker after
+    worker).
+
+    Each is either the first layout's own (``{"epoch", "place"}`` with the items its worker yielded) or, inside an
+    epoch already going on on another layout, a `GlobalSequence`'s: then the one at the checkpoint's global position
+    (the worker that read the last batch trained) is taken.
+
+    Raises:
+        StateFormatError: no state is at the checkpoint's position, or one is malformed.
+    """
+    going_on = [state["stream"][WEB_ELSEWHERE] for state in states if WEB_ELSEWHERE in state["stream"]]
+    if not going_on:
+        partitions = []
+        for state in states:
+            if int(state["stream"]["epoch"]) != epoch:  # a worker yet to start the epoch
+                partitions.append(Partition(fresh_place(1)))
+                continue
+            read, batch = int(state["yielded"]), first.batch_size
+            whole, partial = divmod(read, batch)
+            place = copy.deepcopy(dict(state["stream"]["place"]))
+            partitions.append(Partition(place, read, whole + (partial > 0), partial > 0))
+        sequence = {
+            "first": [first.world_size, first.num_workers, first.batch_size],
+            "partitions": [partition.to_state() for partition in partitions],
+            "turn": 0,
+            "current": None,
+        }
+        start = sum(partition.read for partition in partitions)
+        return {"epoch": epoch, "sequence": sequence, "start": start, "batches": batches, **_layout(layout)}
+    runs = {(entry["start"], entry["batches"]) for entry in going_on}
+    if len(runs) != 1:
+        raise StateFormatError(f"the WebDataset states of one checkpoint were written by several runs: {sorted(runs)}")
+    entry = going_on[0]
+    saved_layout = Layout(*entry["layout"])
+    target = entry["start"] + (batches - entry["batches"]) * saved_layout.world_size * saved_layout.batch_size
+    for each in going_on:
+        partitions = [Partition.from_state(raw) for raw in each["sequence"]["partitions"]]
+        position, ended = sum(p.read for p in partitions), all(p.ended for p in partitions)
+        if position == target or (ended and position < target):
+            sequence = copy.deepcopy(each["sequence"])
+            return {"epoch": epoch, "sequence": sequence, "start": position, "batches": batches, **_layout(layout)}
+    raise StateFormatError(
+        f"no worker's WebDataset state is at the checkpoint's global position ({target} items of the epoch):"
+        " the checkpoint's states do not belong together"
+    )
+
+
+def _layout(layout: Layout) -> dict[str, Any]:
+    return {"layout": [layout.world_size, layout.num_workers, layout.batch_size]}
+
+
+def sequence_from_state(
+    raw: Mapping[str, Any], open_partition: OpenPartition, seed: int, epoch: int, seed_globals: bool
+) -> GlobalSequence:
+    """The `GlobalSequence` of a state's ``sequence`` entry.
+
+    Raises:
+        StateFormatError: it is malformed.
+    """
+    try:
+        first = Layout(*(int(value) for value in raw["first"]))
+        partitions = [Partition.from_state(each) for each in raw["partitions"]]
+        turn, current = int(raw["turn"]), raw["current"]
+        held = None if current is None else (int(current[0]), int(current[1]))
+    except (KeyError, TypeError, ValueError) as error:
+        raise StateFormatError(f"a WebDataset state of an epoch going on elsewhere is malformed: {error}") from error
+    if not 0 <= turn < first.world_size or first.batch_size < 1:
+        raise StateFormatError(f"a WebDataset state of an epoch going on elsewhere is malformed: {dict(raw)!r:.200}")
+    return GlobalSequence(first, partitions, turn, held, open_partition, seed, epoch, seed_globals)

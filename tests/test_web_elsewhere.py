@@ -1,0 +1,182 @@
+"""A WebDataset pipeline's epoch resumed on another layout (`lightning_resumable.readers.web_elsewhere`, issue 55):
+the layouts' real loaders, without Lightning. Each rank of the first layout reads some batches and is saved; the
+new layout's ranks resume from the saved states; the global sequence they read (step after step, rank after rank)
+is the first layout's from the saved position on, each sample with what ``map`` drew for it, a last uneven
+global batch padded from the rest's start; and a save inside it resumes again on a third layout."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_resumable import IncompatibleStateError
+from lightning_resumable.format.envelope import StreamState
+from lightning_resumable.readers.build import make_resumable
+from lightning_resumable.readers.web_elsewhere import WEB_ELSEWHERE
+
+wds = pytest.importorskip("webdataset")
+
+SHARDS, PER_SHARD = 8, 5
+SEED, EPOCH = 5, 1
+
+
+@pytest.fixture(scope="module")
+def urls(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """8 tar shards of 5 samples (an id each): 40 samples, which many layouts do not divide."""
+    directory = tmp_path_factory.mktemp("shards")
+    with wds.ShardWriter(str(directory / "shard-%02d.tar"), maxcount=PER_SHARD, verbose=0) as sink:
+        for sample_id in range(SHARDS * PER_SHARD):
+            sink.write({"__key__": f"sample{sample_id:04d}", "txt": str(sample_id)})
+    return sorted(str(path) for path in directory.glob("shard-*.tar"))
+
+
+def drawn(sample: dict[str, Any]) -> tuple[int, float]:
+    return int(sample["txt"]), float(torch.rand(())) + random.random() + float(np.random.rand())
+
+
+def drawn_before(sample: dict[str, Any]) -> tuple[int, float]:
+    return drawn(sample)
+
+
+PIPELINES = {
+    "drawn after the shuffle": lambda urls: (
+        wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, seed=3)
+        .shuffle(4)
+        .decode()
+        .map(drawn)
+    ),
+    "drawn before it": lambda urls: wds.DataPipeline(
+        wds.SimpleShardList(urls),
+        wds.split_by_node,
+        wds.split_by_worker,
+        wds.tarfile_to_samples(),
+        wds.decode(),
+        wds.map(drawn_before),  # the windows seed each sample they read
+        wds.shuffle(3),
+    ),
+}
+
+Layout = tuple[int, int, int]  # processes, workers, batch size
+
+
+def loader(urls: list[str], form: str, rank: int, layout: Layout) -> Any:
+    world, workers, batch = layout
+    plain = DataLoader(PIPELINES[form](urls), batch_size=batch, num_workers=workers, collate_fn=list)
+    return make_resumable(plain, seed=SEED, num_replicas=world, rank=rank, epoch_source=lambda: EPOCH)
+
+
+def global_sequence(ranks: list[list[list[Any]]]) -> list[Any]:
+    """The samples of the ranks' batches step after step, rank after rank in a step."""
+    return [
+        sample
+        for step in range(max(map(len, ranks)))
+        for batches in ranks
+        if step < len(batches)
+        for sample in batches[step]
+    ]
+
+
+def stopped(
+    urls: list[str], form: str, layout: Layout, batches: int, saved: StreamState | None = None
+) -> tuple[list[list[list[Any]]], StreamState]:
+    """Each rank of ``layout`` (resumed from ``saved``, if given) reads up to ``batches`` batches of the epoch (one
+    more read ahead, as Lightning reads) and is saved there."""
+    read, states = [], []
+    first = 0 if saved is None else saved.batches
+    for rank in range(layout[0]):
+        each = loader(urls, form, rank, layout)
+        if saved is not None:
+            each.resume_from(each.state_for_rank(saved, rank, layout[0]), saved.batches)
+        reading = iter(each)
+        head = [batch for _, batch in zip(range(first, batches + 1), reading, strict=False)]
+        read.append(head[: batches - first])
+        states.append(each.state_after(batches))
+        del reading
+    state = StreamState(
+        seed=SEED,
+        epoch=EPOCH,
+        batches=batches,
+        world_size=layout[0],
+        num_workers=layout[1],
+        global_position=False,
+        finished=False,
+        ranks=states,
+        batch_size=layout[2],
+    )
+    return read, state
+
+
+def resumed(urls: list[str], form: str, layout: Layout, saved: StreamState) -> list[list[list[Any]]]:
+    ranks = []
+    for rank in range(layout[0]):
+        each = loader(urls, form, rank, layout)
+        each.resume_from(each.state_for_rank(saved, rank, layout[0]), saved.batches)
+        ranks.append(list(each))
+    return ranks
+
+
+def assert_goes_on(before: list[Any], after: list[Any], full: list[Any], global_batch: int) -> None:
+    """``after`` is ``full`` from ``before``'s end on, padded from there to a whole last global batch."""
+    rest = full[len(before) :]
+    assert before == full[: len(before)]
+    assert after[: len(rest)] == rest
+    padding = math.ceil(len(rest) / global_batch) * global_batch - len(rest)
+    assert after[len(rest) :] == (rest * global_batch)[:padding]
+
+
+CASES = [
+    ("drawn after the shuffle", (2, 2, 4), 2, (1, 0, 4)),
+    ("drawn after the shuffle", (2, 2, 4), 3, (2, 3, 3)),
+    ("drawn after the shuffle", (1, 3, 3), 5, (2, 1, 2)),
+    ("drawn before it", (2, 0, 2), 4, (1, 2, 8)),
+    ("drawn before it", (2, 2, 3), 4, (4, 1, 1)),
+]
+
+
+@pytest.mark.parametrize(("form", "first", "batches", "new"), CASES)
+def test_the_epoch_goes_on_in_the_first_layouts_global_order(
+    urls: list[str], form: str, first: Layout, batches: int, new: Layout
+) -> None:
+    full = global_sequence([list(loader(urls, form, rank, first)) for rank in range(first[0])])
+    assert sorted(sample for sample, _ in full) == list(range(SHARDS * PER_SHARD))
+    read, saved = stopped(urls, form, first, batches)
+    after = resumed(urls, form, new, saved)
+    assert len({len(each) for each in after}) == 1, "every rank has as many batches (DDP steps together)"
+    assert {len(batch) for each in after for batch in each} == {new[2]}
+    assert_goes_on(global_sequence(read), global_sequence(after), full, new[0] * new[2])
+
+
+def test_a_save_inside_it_resumes_again_on_a_third_layout_and_on_its_own(urls: list[str]) -> None:
+    form, first, second, third = "drawn after the shuffle", (2, 2, 4), (1, 3, 3), (2, 0, 2)
+    full = global_sequence([list(loader(urls, form, rank, first)) for rank in range(first[0])])
+    read, saved = stopped(urls, form, first, 2)
+    more, again = stopped(urls, form, second, 5, saved)
+    assert WEB_ELSEWHERE in again.ranks[0]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]["stream"]
+    before = global_sequence(read) + global_sequence(more)
+    assert_goes_on(before, global_sequence(resumed(urls, form, third, again)), full, third[0] * third[2])
+    assert_goes_on(before, global_sequence(resumed(urls, form, second, again)), full, second[2])
+    # Saved before the first batch of the resumed epoch: its plan, as it was restored.
+    _, planned = stopped(urls, form, second, 2, saved)
+    assert WEB_ELSEWHERE in planned.ranks[0]
+    assert_goes_on(global_sequence(read), global_sequence(resumed(urls, form, third, planned)), full, 4)
+
+
+def test_nothing_read_is_a_fresh_pass_of_the_new_layout(urls: list[str]) -> None:
+    form, first, new = "drawn after the shuffle", (2, 2, 4), (1, 2, 3)
+    _, saved = stopped(urls, form, first, 0)
+    fresh = [list(loader(urls, form, 0, new))]
+    assert resumed(urls, form, new, saved) == fresh
+
+
+def test_a_loader_batched_one_way_and_a_pipeline_the_other_is_refused(urls: list[str]) -> None:
+    _, saved = stopped(urls, "drawn after the shuffle", (2, 2, 4), 2)
+    plain = DataLoader(PIPELINES["drawn after the shuffle"](urls).batched(4), batch_size=None, num_workers=2)
+    batched = make_resumable(plain, seed=SEED, num_replicas=1, rank=0, epoch_source=lambda: EPOCH)
+    with pytest.raises(IncompatibleStateError, match="batched by the loader"):
+        batched.state_for_rank(saved, 0, 1)
