@@ -62,12 +62,33 @@ PIPELINES = {
     ),
 }
 
-Layout = tuple[int, int, int]  # processes, workers, batch size
+PIPELINES["batched after the shuffle"] = lambda urls: PIPELINES["drawn after the shuffle"](urls).batched(
+    3, collation_fn=None
+)
+"""Batched in the pipeline (the loader's ``batch_size=None``): its items are batches of 3, made with the samples'
+draws in the partitions (the stages after the shuffle are not made sample by sample)."""
+
+
+def dropping(sample: dict[str, Any]) -> tuple[int, float] | None:
+    return None if int(sample["txt"]) == 37 else drawn(sample)
+
+
+PIPELINES["dropping a sample"] = lambda urls: (
+    wds.WebDataset(urls, shardshuffle=len(urls), nodesplitter=wds.split_by_node, seed=3)
+    .shuffle(4)
+    .decode()
+    .map(dropping)
+)
+
+Layout = tuple[int, int, int]  # processes, workers, batch size (ignored for a pipeline batched in itself)
 
 
 def loader(urls: list[str], form: str, rank: int, layout: Layout) -> Any:
     world, workers, batch = layout
-    plain = DataLoader(PIPELINES[form](urls), batch_size=batch, num_workers=workers, collate_fn=list)
+    batched = form.startswith("batched")
+    plain = DataLoader(
+        PIPELINES[form](urls), batch_size=None if batched else batch, num_workers=workers, collate_fn=list
+    )
     return make_resumable(plain, seed=SEED, num_replicas=world, rank=rank, epoch_source=lambda: EPOCH)
 
 
@@ -107,7 +128,7 @@ def stopped(
         global_position=False,
         finished=False,
         ranks=states,
-        batch_size=layout[2],
+        batch_size=None if form.startswith("batched") else layout[2],
     )
     return read, state
 
@@ -180,3 +201,23 @@ def test_a_loader_batched_one_way_and_a_pipeline_the_other_is_refused(urls: list
     batched = make_resumable(plain, seed=SEED, num_replicas=1, rank=0, epoch_source=lambda: EPOCH)
     with pytest.raises(IncompatibleStateError, match="batched by the loader"):
         batched.state_for_rank(saved, 0, 1)
+
+
+def test_a_pipeline_batched_in_itself_goes_on_by_its_batches(urls: list[str]) -> None:
+    form, first, new = "batched after the shuffle", (2, 2, 1), (1, 3, 1)
+    full = global_sequence([list(loader(urls, form, rank, first)) for rank in range(first[0])])
+    assert sorted(sample for sample, _ in full) == list(range(SHARDS * PER_SHARD))  # (items flattened)
+    read, saved = stopped(urls, form, first, 2)
+    assert_goes_on(global_sequence(read), global_sequence(resumed(urls, form, new, saved)), full, 1)
+
+
+def test_a_sample_the_pipeline_drops_after_its_shuffle_is_refused_where_it_is_reached(urls: list[str]) -> None:
+    """A map that returns ``None`` drops its sample (WebDataset's idiom): the first layout's order holds one item
+    fewer than its samples there, which a worker that makes only its own samples' items cannot see elsewhere; the
+    worker whose batch holds the dropped sample's place refuses, naming the layout to resume on."""
+    form, first, new = "dropping a sample", (2, 2, 4), (1, 0, 4)
+    full = global_sequence([list(loader(urls, form, rank, first)) for rank in range(first[0])])
+    assert 37 not in [sample for sample, _ in full]
+    _, saved = stopped(urls, form, first, 1)
+    with pytest.raises(IncompatibleStateError, match=r"dropped a sample.*Resume on 2 processes with num_workers=2"):
+        resumed(urls, form, new, saved)

@@ -47,7 +47,7 @@ from lightning_resumable.readers.web_elsewhere import (
     rest_items,
     sequence_from_state,
 )
-from lightning_resumable.readers.web_plan import WebPlan, apply, plan_of, stage_name
+from lightning_resumable.readers.web_plan import WebPlan, apply, plan_of, sample_by_sample, stage_name
 
 __all__ = ["WebShards", "build", "mixture_source", "recognises"]
 
@@ -169,17 +169,27 @@ class WebShards(IterableDataset[Any]):
             urls = urls[worker::workers]
         return urls
 
-    def _partition(self, rank: int, world_size: int, worker: int, workers: int, place: dict[str, Any]) -> Iterator[Any]:
+    def _partition(
+        self, rank: int, world_size: int, worker: int, workers: int, place: dict[str, Any], samples: bool = False
+    ) -> Iterator[Any]:
         """What ``worker`` of ``workers`` on ``rank`` of ``world_size`` yields in this epoch from ``place`` (updated as
-        it reads): its shards in groups side by side, in windows keyed by the epoch, the rank and the worker."""
+        it reads): its shards in groups side by side, in windows keyed by the epoch, the rank and the worker
+        (``samples``: before the stages after the shuffle, `made` makes each into its item)."""
         urls = self.shards(worker, workers, rank, world_size)
         shuffled = self.plan.buffer > 1 or self.plan.shuffle_shards  # else its order is kept: one shard at a time
         groups = max(1, min(len(urls), INTERLEAVED_SOURCES if shuffled else 1))
         bounds = [len(urls) * number // groups for number in range(groups + 1)]
         sources = [TarShards(urls[bounds[n] : bounds[n + 1]], self.plan) for n in range(groups)]
         key = domain_key(stream_key(self.seed, self.epoch, rank, worker), Domain.WINDOW)
-        samples = read_shuffled(sources, self.plan.buffer, key, place, self.seed_reads)
-        return apply(self.plan.after, samples)
+        read = read_shuffled(sources, self.plan.buffer, key, place, self.seed_reads)
+        return read if samples else apply(self.plan.after, read)
+
+    def made(self, sample: Any) -> tuple[bool, Any]:
+        """``(True, item)``: ``sample`` (read by `_partition` with ``samples``) made into its item by the stages after
+        the shuffle; ``(False, None)``: they dropped it."""
+        for item in apply(self.plan.after, iter([sample])):
+            return True, item
+        return False, None
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -199,12 +209,15 @@ class WebShards(IterableDataset[Any]):
         assert self._elsewhere is not None
         plan = self._elsewhere[1]
         first = Layout(*plan["sequence"]["first"])
+        # Stages that make each sample's item apart (map, decode...) run on this worker's own samples only.
+        apart = sample_by_sample(self.plan.after)
         self._sequence = sequence_from_state(
             plan["sequence"],
-            lambda rank, each, place: self._partition(rank, first.world_size, each, first.workers, place),
+            lambda rank, each, place: self._partition(rank, first.world_size, each, first.workers, place, apart),
             self.seed,
             self.epoch,
             self.seed_reads,
+            self.made if apart else None,
         )
         return rest_items(self._sequence, self.rank, Layout(*plan["layout"]), worker)
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from lightning_resumable.core import randomness
 from lightning_resumable.core.window_shuffle import fresh_place
-from lightning_resumable.errors import StateFormatError
+from lightning_resumable.errors import IncompatibleStateError, StateFormatError
 from lightning_resumable.format._keys import stream_key, stream_sample_seed
 
 __all__ = ["WEB_ELSEWHERE", "GlobalSequence", "Layout", "Partition", "rest_items", "resume_plan"]
@@ -38,8 +38,20 @@ WEB_ELSEWHERE = "lightning_resumable.web_elsewhere"
 """The key of a WebDataset state whose epoch goes on on another layout than the one that began it."""
 
 OpenPartition = Callable[[int, int, dict[str, Any]], Iterator[Any]]
-"""``(rank, worker, place)`` of the first layout -> that partition's items from ``place`` (a window place, updated
-as the items are read)."""
+"""``(rank, worker, place)`` of the first layout -> that partition's items (or samples, made into items apart: `Made`)
+from ``place`` (a window place, updated as they are read)."""
+
+Made = Callable[[Any], tuple[bool, Any]]
+"""A sample -> ``(True, its item)``, or ``(False, None)`` if the pipeline dropped it."""
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """A partition's sample not yet made into its item: made only by the worker whose batch holds it."""
+
+    number: int
+    read: int
+    sample: Any
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,9 @@ class GlobalSequence:
         open_partition: opens a partition at a place (`OpenPartition`).
         seed, epoch: the items' seeds are keyed by them, the partition's rank and worker, and its count.
         seed_globals: each item is read with the global generators seeded, as the first layout read it.
+        made: where the partitions yield samples whose items are made apart (the stages after the shuffle make at most
+            one of each): `item` makes them, only for the items a worker keeps. A sample the stages drop is found
+            there and refused (its position would shift every later one).
     """
 
     def __init__(
@@ -102,6 +117,7 @@ class GlobalSequence:
         seed: int,
         epoch: int,
         seed_globals: bool,
+        made: Made | None = None,
     ) -> None:
         if len(partitions) != first.world_size * first.workers:
             raise StateFormatError(
@@ -110,6 +126,7 @@ class GlobalSequence:
             )
         self.first, self.partitions, self.turn, self.current = first, partitions, turn, current
         self._open, self._seed, self._epoch, self._seed_globals = open_partition, seed, epoch, seed_globals
+        self._made = made
         self._readers: dict[int, Iterator[Any]] = {}
 
     @property
@@ -159,15 +176,21 @@ class GlobalSequence:
         self.turn = (self.turn + 1) % self.first.world_size
 
     def _read(self, number: int) -> tuple[bool, Any]:
-        """Partition ``number``'s next item, under the seed its worker read it under."""
-        partition, workers = self.partitions[number], self.first.workers
-        rank, worker = divmod(number, workers)
+        """Partition ``number``'s next item, under the seed its worker read it under (or its sample, `_Sample`)."""
+        partition = self.partitions[number]
         reader = self._readers.get(number)
         if reader is None:
+            rank, worker = divmod(number, self.first.workers)
             reader = self._readers[number] = self._open(rank, worker, partition.place)
-        key = stream_key(self._seed, self._epoch, rank, worker)
+        if self._made is not None:  # the windows seed their own reads
+            try:
+                sample = next(reader)
+            except StopIteration:
+                return False, None
+            partition.read += 1
+            return True, _Sample(number, partition.read - 1, sample)
         with randomness.inner_samples():
-            randomness.begin_sample(stream_sample_seed(key, partition.read), self._seed_globals)
+            randomness.begin_sample(self._seed_of(number, partition.read), self._seed_globals)
             try:
                 item = next(reader)
             except StopIteration:
@@ -176,6 +199,35 @@ class GlobalSequence:
                 randomness.end_sample()
         partition.read += 1
         return True, item
+
+    def _seed_of(self, number: int, read: int) -> int:
+        rank, worker = divmod(number, self.first.workers)
+        return stream_sample_seed(stream_key(self._seed, self._epoch, rank, worker), read)
+
+    def item(self, entry: Any) -> Any:
+        """The item of an entry `next_item` returned: a sample made into it here, under its seed.
+
+        Raises:
+            IncompatibleStateError: the pipeline dropped that sample.
+        """
+        if not isinstance(entry, _Sample):
+            return entry
+        assert self._made is not None
+        with randomness.inner_samples():
+            randomness.begin_sample(self._seed_of(entry.number, entry.read), self._seed_globals)
+            try:
+                found, item = self._made(entry.sample)
+            finally:
+                randomness.end_sample()
+        if not found:
+            first = self.first
+            raise IncompatibleStateError(
+                "the WebDataset pipeline dropped a sample after its shuffle (a map that returned None, or a handler"
+                " that skips an error), so the epoch's order on the layout that began it cannot be dealt to this one"
+                " apart from reading every sample's stages in every worker. Resume on"
+                f" {first.world_size} processes with num_workers={first.num_workers} and batch_size={first.batch_size}"
+            )
+        return item
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -218,9 +270,9 @@ def rest_items(sequence: GlobalSequence, rank: int, layout: Layout, worker: int)
             read_to(index + 1)
             if index < read:
                 assert read == index + 1
-                yield last[0]
+                yield sequence.item(last[0])
             else:
-                yield head[(index - read) % len(head)]
+                yield sequence.item(head[(index - read) % len(head)])
         step += layout.workers
 
 
@@ -280,7 +332,12 @@ def _layout(layout: Layout) -> dict[str, Any]:
 
 
 def sequence_from_state(
-    raw: Mapping[str, Any], open_partition: OpenPartition, seed: int, epoch: int, seed_globals: bool
+    raw: Mapping[str, Any],
+    open_partition: OpenPartition,
+    seed: int,
+    epoch: int,
+    seed_globals: bool,
+    made: Made | None = None,
 ) -> GlobalSequence:
     """The `GlobalSequence` of a state's ``sequence`` entry.
 
@@ -296,4 +353,4 @@ def sequence_from_state(
         raise StateFormatError(f"a WebDataset state of an epoch going on elsewhere is malformed: {error}") from error
     if not 0 <= turn < first.world_size or first.batch_size < 1:
         raise StateFormatError(f"a WebDataset state of an epoch going on elsewhere is malformed: {dict(raw)!r:.200}")
-    return GlobalSequence(first, partitions, turn, held, open_partition, seed, epoch, seed_globals)
+    return GlobalSequence(first, partitions, turn, held, open_partition, seed, epoch, seed_globals, made)

@@ -22,7 +22,7 @@ from webdataset import cache, compat, filters, shardlists, tariterators
 
 from lightning_resumable.errors import UnsupportedLoaderError
 
-__all__ = ["WebPlan", "apply", "batched_as_read", "plan_of", "stage_name"]
+__all__ = ["WebPlan", "apply", "batched_as_read", "plan_of", "sample_by_sample", "stage_name"]
 
 
 @dataclass(frozen=True)
@@ -180,3 +180,21 @@ def apply(stages: tuple[Any, ...], samples: Iterator[Any]) -> Iterator[Any]:
     for stage in stages:
         samples = stage.run(samples) if isinstance(stage, wds.PipelineStage) else stage(samples)
     return samples
+
+
+_SAMPLE_BY_SAMPLE = (
+    filters._map,
+    filters._map_dict,
+    filters._map_tuple,
+    filters._to_tuple,
+    filters._rename,
+    filters._rename_keys,
+)
+"""WebDataset's stages that make at most one item of each sample (``.map``, ``.decode``, ``.to_tuple``...): one
+may drop a sample (a map that returns ``None``, a handler that skips an error), none makes two or holds one."""
+
+
+def sample_by_sample(stages: tuple[Any, ...]) -> bool:
+    """Whether every one of ``stages`` makes at most one item of each sample (`_SAMPLE_BY_SAMPLE`), so that a sample
+    can be made into its item apart from the others."""
+    return all(isinstance(stage, filters.FilterFunction) and stage.f in _SAMPLE_BY_SAMPLE for stage in stages)
