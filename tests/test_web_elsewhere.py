@@ -195,6 +195,20 @@ def test_nothing_read_is_a_fresh_pass_of_the_new_layout(urls: list[str]) -> None
     assert resumed(urls, form, new, saved) == fresh
 
 
+def test_a_checkpoint_of_a_run_that_dropped_its_last_partial_batches_is_refused_elsewhere(urls: list[str]) -> None:
+    dropping = DataLoader(PIPELINES["drawn after the shuffle"](urls), batch_size=4, num_workers=2, drop_last=True)
+    states = []
+    for rank in range(2):
+        each = make_resumable(dropping, seed=SEED, num_replicas=2, rank=rank, epoch_source=lambda: EPOCH)
+        reading = iter(each)
+        next(reading), next(reading)
+        states.append(each.state_after(1))
+        del reading
+    saved = StreamState(SEED, EPOCH, 1, 2, 2, False, False, states, batch_size=4)
+    with pytest.raises(IncompatibleStateError, match="drop_last=True"):
+        loader(urls, "drawn after the shuffle", 0, (1, 2, 4)).state_for_rank(saved, 0, 1)
+
+
 def test_a_loader_batched_one_way_and_a_pipeline_the_other_is_refused(urls: list[str]) -> None:
     _, saved = stopped(urls, "drawn after the shuffle", (2, 2, 4), 2)
     plain = DataLoader(PIPELINES["drawn after the shuffle"](urls).batched(4), batch_size=None, num_workers=2)

@@ -142,6 +142,7 @@ class WebShards(IterableDataset[Any]):
             )
         self.plan, self.seed, self.rank, self.world_size, self.seed_reads = plan, seed, rank, world_size, seed_reads
         self.epoch = 0
+        self.drop_last = False  # the loader's (set by `build`): its workers' last partial batches are not trained
         self._place: dict[str, Any] = fresh_place(1)
         self._restored: dict[str, Any] | None = None
         self._elsewhere: tuple[int, dict[str, Any]] | None = None  # an epoch going on from another layout's order
@@ -226,7 +227,7 @@ class WebShards(IterableDataset[Any]):
             plan = self._elsewhere[1]
             sequence = self._sequence.to_state() if self._sequence is not None else copy.deepcopy(plan["sequence"])
             return {"epoch": self.epoch, WEB_ELSEWHERE: {**plan, "sequence": sequence}}
-        return {"epoch": self.epoch, "place": copy.deepcopy(self._place)}
+        return {"epoch": self.epoch, "place": copy.deepcopy(self._place), "drop_last": self.drop_last}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if int(state["epoch"]) == self.epoch:  # (another epoch's place: the pass starts afresh)
@@ -258,6 +259,7 @@ def build(loader: Any, options: BuildOptions) -> Built:
         loader = loader.pipeline[0]
     plan = plan_of(loader.dataset)
     dataset = WebShards(plan, options.seed, options.rank, options.num_replicas, options.seed_samples)
+    dataset.drop_last = bool(getattr(loader, "drop_last", False))
     return streams.build(loader, options, subclass=False, dataset=dataset)
 
 

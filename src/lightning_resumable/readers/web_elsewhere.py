@@ -289,10 +289,17 @@ def resume_plan(
 
     Raises:
         StateFormatError: no state is at the checkpoint's position, or one is malformed.
+        IncompatibleStateError: the checkpoint's run dropped its workers' last partial batches (``drop_last``).
     """
     going_on = [state["stream"][WEB_ELSEWHERE] for state in states if WEB_ELSEWHERE in state["stream"]]
     if not going_on:
         partitions = []
+        if any(state["stream"].get("drop_last", False) for state in states):
+            raise IncompatibleStateError(
+                "the checkpoint's run read its WebDataset pipeline with drop_last=True: its workers' last partial"
+                " batches were not trained, and the epoch's order on another layout is not dealt so. Resume on"
+                f" {first.world_size} processes with num_workers={first.num_workers} and batch_size={first.batch_size}"
+            )
         for state in states:
             if int(state["stream"]["epoch"]) != epoch:  # a worker yet to start the epoch
                 partitions.append(Partition(fresh_place(1)))
