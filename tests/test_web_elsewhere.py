@@ -2,7 +2,7 @@
 the layouts' real loaders, without Lightning. Each rank of the first layout reads some batches and is saved; the
 new layout's ranks resume from the saved states; the global sequence they read (step after step, rank after rank)
 is the first layout's from the saved position on, each sample with what ``map`` drew for it, a last uneven
-global batch padded from the rest's start; and a save inside it resumes again on a third layout."""
+global batch padded with its own items; and a save inside it resumes again on a third layout."""
 
 from __future__ import annotations
 
@@ -143,12 +143,13 @@ def resumed(urls: list[str], form: str, layout: Layout, saved: StreamState) -> l
 
 
 def assert_goes_on(before: list[Any], after: list[Any], full: list[Any], global_batch: int) -> None:
-    """``after`` is ``full`` from ``before``'s end on, padded from there to a whole last global batch."""
+    """``after`` is ``full`` from ``before``'s end on, its last uneven global batch padded with its own items."""
     rest = full[len(before) :]
     assert before == full[: len(before)]
     assert after[: len(rest)] == rest
+    own = len(rest) % global_batch or global_batch
     padding = math.ceil(len(rest) / global_batch) * global_batch - len(rest)
-    assert after[len(rest) :] == (rest * global_batch)[:padding]
+    assert after[len(rest) :] == (rest[len(rest) - own :] * global_batch)[:padding]
 
 
 CASES = [
@@ -235,3 +236,15 @@ def test_a_sample_the_pipeline_drops_after_its_shuffle_is_refused_where_it_is_re
     _, saved = stopped(urls, form, first, 1)
     with pytest.raises(IncompatibleStateError, match=r"dropped a sample.*Resume on 2 processes with num_workers=2"):
         resumed(urls, form, new, saved)
+
+
+def test_a_resume_inside_the_last_global_batch_pads_it_as_the_run_before_did(urls: list[str]) -> None:
+    """The padding of a last uneven global batch is its own items (not the rest's first): a chain stopped before it
+    and resumed on the same layout reads the batch the checkpoint recorded (soak seed 643001853: the rest's first
+    items padded it, and the resume's rest began elsewhere, so rank 1's next batch was refused)."""
+    form, first, second = "drawn after the shuffle", (1, 0, 2), (2, 1, 6)
+    _, saved = stopped(urls, form, first, 3)  # 6 of 40 samples: the rest is 2 global batches of 12 and 10 + 2
+    whole = resumed(urls, form, second, saved)
+    assert [len(batches) for batches in whole] == [3, 3]
+    _, again = stopped(urls, form, second, 5, saved)
+    assert resumed(urls, form, second, again) == [batches[2:] for batches in whole]

@@ -5,7 +5,7 @@ size, batch size, workers, workers kept from pass to pass), for the data librari
   run of the first layout; wherever both have trained as many of the epoch's samples, the same ones, each with its
   augmentation (`matrix.regrouping_problems`).
 - LitData's epoch goes on in the order of the layout that began it, wherever it resumes: each epoch is judged against
-  a fresh run of that layout, in global order (a last uneven global batch padded from the rest's start), each
+  a fresh run of that layout, in global order (a last uneven global batch padded with its own samples), each
   sample with its augmentation.
 
 A leg's stop is drawn where it can be: Lightning counts a resumed epoch's batches on from the checkpoint's, so the
@@ -199,8 +199,10 @@ def _trained(plans: list[list[list[int]]], batches: int) -> int:
     return sum(len(batch) for plan in plans for batch in plan[:batches])
 
 
-WEB_LAYOUT_CHAIN_SEEDS = (2, 10)
-"""The WebDataset chains CI runs (drawn as LitData's: the same layouts and legs' kinds)."""
+WEB_LAYOUT_CHAIN_SEEDS = (2, 10, 643001853)
+"""The WebDataset chains CI runs (drawn as LitData's: the same layouts and legs' kinds); 643001853 (a soak's) goes
+1 x 2 -> 2 x 6 with 1 worker, stopped in the epoch's last global batch, -> 2 x 6 again: the padding of that batch,
+taken from the rest's first samples, differed on the second resume and its recorded next batch was refused."""
 
 WEB_REFERENCE = Scenario(world_size=1, data="wds", shuffle_buffer=5, epochs=3)
 """The fresh runs a WebDataset chain is placed and judged by, on each layout: its order depends neither on the loader

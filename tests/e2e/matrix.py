@@ -422,7 +422,7 @@ def epoch_sequence(records: Records, epoch: int) -> list[int]:
 def elsewhere_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
     """What docs/litdata.md promises of LitData's loader resumed on another layout (world size, workers, batch size):
     the interrupted epoch goes on in the global order the first layout would have trained it (a last uneven global
-    batch padded from the rest's start), each sample with its augmentation; the next epochs are a fresh run's of the
+    batch padded with its own samples), each sample with its augmentation; the next epochs are a fresh run's of the
     new layout."""
     scenario, full, stopped, resumed = outcome.scenario, outcome.full, outcome.stopped, outcome.resumed
     epoch, world_size = scenario.stop_epoch, scenario.resume_world_size or scenario.world_size

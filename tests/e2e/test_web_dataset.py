@@ -171,6 +171,6 @@ def test_a_web_dataset_resumed_on_another_layout_goes_on_in_the_interrupted_epoc
     runner: Runner, scenario: Scenario
 ) -> None:
     """The interrupted epoch's samples go on in the global order the first layout would have trained them (the rest
-    of its sequence, dealt in global batches of the new layout; a last uneven one padded from the rest's start),
+    of its sequence, dealt in global batches of the new layout; a last uneven one padded with its own samples),
     each with what ``map`` drew for it; the next epochs are what a fresh run of the new layout reads."""
     assert elsewhere_mismatches(runner, runner.run(scenario)) == []

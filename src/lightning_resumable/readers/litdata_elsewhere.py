@@ -7,7 +7,7 @@ another world size does:
 - the epoch's global sequence is the first layout's ranks' batches (`planned_batches`: LitData's plan read in
   torch's turns, without reading a sample), step after step, rank after rank in a step;
 - the resumed run deals the rest of it from the checkpoint's global position to its ranks in global batches of its
-  own size (a last uneven global batch padded from the rest's start, as ``DistributedSampler`` pads), and reads
+  own size (a last uneven global batch padded with its own samples, repeated), and reads
   each sample by its chunk and index (`LitDataChunkReader`), under the seed it had (keyed by the epoch and the
   sample's index), with its own workers;
 - a save inside that epoch writes `ELSEWHERE`: the first layout and the global position, so a chain resumes it on
@@ -118,8 +118,11 @@ class Remainder:
         rest = sequence[at.position :]
         self.global_batch = world_size * batch_size
         self.steps = math.ceil(len(rest) / self.global_batch)
+        # A last uneven global batch is padded with its own samples, in turn: the same wherever the epoch resumed (a
+        # chain resumed inside it reads the batch its checkpoint recorded; padded from the rest's first, it did not).
         padding = self.steps * self.global_batch - len(rest)
-        padded = rest + (rest * math.ceil(padding / len(rest)))[:padding] if rest else []
+        own = rest[(self.steps - 1) * self.global_batch :]
+        padded = rest + [own[number % len(own)] for number in range(padding)]
         self.pairs = []
         for step in range(self.steps):
             first = step * self.global_batch + rank * batch_size

@@ -11,10 +11,11 @@ does (`lightning_resumable.readers.litdata_elsewhere`):
   nothing needs the partitions' lengths in advance: where a partition ends is found where the first layout found
   it, by reading it;
 - the resumed run deals the rest of that sequence to its ranks in global batches of its own size (a last uneven
-  global batch padded from the rest's start, as ``DistributedSampler`` pads), and its workers take the batches in
-  torch's turns. A tar stream has no random access, so **each resumed worker reads every partition** and keeps its
-  own batches: the rest of that one epoch costs up to the number of the new layout's workers (all ranks') times
-  the reading; a restore re-reads at most one window per partition, as on the same layout;
+  global batch padded with its own items, repeated), and its workers take the batches in torch's turns. A tar
+  stream has no random access, so **each resumed worker reads every partition** and keeps its own batches (the
+  stages that make each sample's item apart run on its own samples only): the rest of that one epoch costs up to the
+  number of the new layout's workers (all ranks') times the reading; a restore re-reads at most one window per
+  partition, as on the same layout;
 - the state of a worker inside that epoch is the sequence's place (each partition's window place, samples read,
   batches, end found; the rank whose turn it is), and a save takes the one at the checkpoint's global position, so
   a chain resumes it again, on any layout.
@@ -22,6 +23,7 @@ does (`lightning_resumable.readers.litdata_elsewhere`):
 
 from __future__ import annotations
 
+import collections
 import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -241,11 +243,11 @@ class GlobalSequence:
 def rest_items(sequence: GlobalSequence, rank: int, layout: Layout, worker: int) -> Iterator[Any]:
     """The items of ``worker`` of ``rank`` of ``layout`` in the rest of ``sequence``: its batches (global batches of
     ``layout.world_size x layout.batch_size``, rank after rank; this worker's every ``layout.workers``-th from its
-    number on), each yielded right after the sequence reads it (its state is then the place after it); a last
-    uneven global batch padded from the rest's start."""
+    number on), each yielded right after the sequence reads it (its state is then the place after it). A last uneven
+    global batch is padded with its own items, repeated in order: the same wherever the epoch was resumed (a chain
+    resumed inside that global batch pads it as the run before did, so its recorded next batch is read again)."""
     global_batch = layout.world_size * layout.batch_size
-    head: list[Any] = []  # the rest's first global batch: the padding of its last
-    last: list[Any] = [None]  # the item read last
+    recent: collections.deque[Any] = collections.deque(maxlen=global_batch)  # the last global batch's items read
     read, ended = 0, False
 
     def read_to(count: int) -> None:
@@ -255,10 +257,8 @@ def rest_items(sequence: GlobalSequence, rank: int, layout: Layout, worker: int)
             if not found:
                 ended = True
             else:
-                if len(head) < global_batch:
-                    head.append(item)
+                recent.append(item)
                 read += 1
-                last[0] = item
 
     step = worker
     while True:
@@ -269,10 +269,10 @@ def rest_items(sequence: GlobalSequence, rank: int, layout: Layout, worker: int)
         for index in range(first, first + layout.batch_size):
             read_to(index + 1)
             if index < read:
-                assert read == index + 1
-                yield sequence.item(last[0])
-            else:
-                yield sequence.item(head[(index - read) % len(head)])
+                yield sequence.item(recent[-1])
+            else:  # past the rest's end: the last global batch's own items, in turn
+                own = read - step * global_batch
+                yield sequence.item(recent[len(recent) - own + (index - read) % own])
         step += layout.workers
 
 
