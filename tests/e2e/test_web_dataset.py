@@ -12,8 +12,10 @@ from dataclasses import replace
 
 import pytest
 
+from . import layout_chains
 from .data_setups import STREAM_SIZE
 from .harness import FIELDS, Records, Runner, Scenario, check_run_exits
+from .layout_chains import WEB_LAYOUT_CHAIN_SEEDS, draw_litdata_chain, litdata_chain_problems, web_plans
 from .matrix import (
     case_problems,
     chain_problems,
@@ -22,6 +24,7 @@ from .matrix import (
     draw_chain,
     elsewhere_mismatches,
     refused_problems,
+    seeds,
 )
 from .train import WDS_REFUSED
 
@@ -107,6 +110,36 @@ def test_a_drawn_web_dataset_case_resumes_exactly(runner: Runner, seed: int) -> 
     assert scenario.data == "wds" and scenario.wds_form and not scenario.wds_refused
     problems = case_problems(runner, scenario, reference)
     assert problems == [], f"seed {seed} ({scenario.label()})\n" + "\n".join(problems[:6])
+
+
+WEB_DATASET_MOVED_SEEDS = (878811239, 998479207)
+"""Matrix cases of a WebDataset pipeline requeued on another allocation (issue 55, a soak's): 878811239, batched
+after the shuffle, 2 processes with 1 worker -> 1; 998479207, batched by the loader on 1 process without workers
+-> 1 worker, stopped at a validation in the first epoch."""
+
+
+@pytest.mark.parametrize("seed", WEB_DATASET_MOVED_SEEDS)
+def test_a_drawn_web_dataset_case_on_another_layout_goes_on_in_the_interrupted_epochs_order(
+    runner: Runner, seed: int
+) -> None:
+    scenario, reference = draw_case(seed)
+    moved = (scenario.resume_world_size, scenario.resume_num_workers, scenario.resume_batch_size)
+    assert scenario.data == "wds" and moved != (None, None, None)
+    problems = case_problems(runner, scenario, reference)
+    assert problems == [], f"seed {seed} ({scenario.label()})\n" + "\n".join(problems[:6])
+
+
+@pytest.mark.parametrize("seed", seeds(fixed=WEB_LAYOUT_CHAIN_SEEDS))
+def test_a_drawn_chain_of_web_dataset_layouts_resumes_exactly(runner: Runner, seed: int) -> None:
+    """Issue 55: a WebDataset pipeline interrupted one to three times, each resume on a layout drawn anew (world size,
+    batch size, 0 to 3 workers, kept workers; drawn as LitData's chains are, `layout_chains.draw_litdata_chain`),
+    every epoch judged against a fresh run of the layout that began it. ``E2E_MATRIX_SOAK``/``E2E_MATRIX_SEEDS`` draw
+    others."""
+    chain = draw_litdata_chain(seed, web_plans(runner), data="wds")
+    where = f"seed {seed} ({layout_chains.described(chain.layouts)}; {described(chain.legs)})"
+    problems = litdata_chain_problems(runner, chain, runner.root / f"web-layout-chain{seed}")
+    rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_web_dataset.py -k web_dataset_layouts"
+    assert problems == [], f"{where} is not exact; rerun: {rerun}\n" + "\n".join(problems[:6])
 
 
 @pytest.mark.parametrize("refused", sorted(WDS_REFUSED))

@@ -27,13 +27,11 @@ from .harness import Runner, Scenario
 from .layout_chains import (
     LITDATA_CHAIN_SEEDS,
     MOSAIC_CHAIN_SEEDS,
-    WEB_LAYOUT_CHAIN_SEEDS,
     draw_litdata_chain,
     draw_mosaic_chain,
     litdata_chain_problems,
     litdata_plans,
     mosaic_chain_problems,
-    web_plans,
 )
 from .matrix import (
     case_problems,
@@ -144,19 +142,6 @@ def test_a_drawn_data_library_chain_of_litdata_over_layouts_resumes_exactly(runn
     where = f"seed {seed} ({layout_chains.described(chain.layouts)}; {described(chain.legs)})"
     run_dir = runner.root / f"litdata-layout-chain{seed}"
     _assert_exact(where, rerun, lambda: litdata_chain_problems(runner, chain, run_dir))
-
-
-@pytest.mark.parametrize("seed", seeds(fixed=WEB_LAYOUT_CHAIN_SEEDS))
-def test_a_drawn_chain_of_web_dataset_layouts_resumes_exactly(runner: Runner, seed: int) -> None:
-    """Issue 55: a WebDataset pipeline interrupted one to three times, each resume on a layout drawn anew (world size,
-    batch size, 0 to 3 workers, kept workers; drawn as LitData's chains are), every epoch judged against a fresh run
-    of the layout that began it."""
-    if importlib.util.find_spec("webdataset") is None:
-        pytest.skip("WebDataset is not installed")
-    chain = draw_litdata_chain(seed, web_plans(runner), data="wds")
-    rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_workflow_matrix.py -k web_dataset_layouts"
-    where = f"seed {seed} ({layout_chains.described(chain.layouts)}; {described(chain.legs)})"
-    _assert_exact(where, rerun, lambda: litdata_chain_problems(runner, chain, runner.root / f"web-layout-chain{seed}"))
 
 
 def test_the_layout_chains_draw_new_layouts_at_their_resumes() -> None:
