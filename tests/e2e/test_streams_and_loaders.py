@@ -19,6 +19,7 @@ from . import processes
 from .chains import Leg, run_chain
 from .data_setups import COMBINED_SIZES, STREAM_SIZE
 from .harness import FIELDS, RUN_TIMEOUT_S, Records, Runner, Scenario, read_records
+from .matrix import elsewhere_mismatches
 
 STREAMS = [
     Scenario(world_size=2, num_workers=0, loader="DataLoader", data="stream", stop_kind="batch_end"),
@@ -197,3 +198,36 @@ def test_a_streams_save_from_an_errors_exception_path_on_two_processes_is_refuse
         run_chain(root, scenario, [Leg("interrupt", epoch=0, batch=2), Leg("end")])
     assert "MissingStateError: the checkpoint holds no resumable data state" in str(raised.value)
     assert read_records(root, "leg1", 2) == {0: [], 1: []}, "a step trained before the refusal"
+
+
+HF_ELSEWHERE = [
+    Scenario(world_size=2, num_workers=2, data="hf", shuffle_buffer=8, resume_world_size=1, resume_num_workers=0),
+    Scenario(
+        world_size=2, num_workers=2, data="hf", shuffle_buffer=8, stop_kind="validation", resume_num_workers=1,
+        resume_batch_size=6,
+    ),
+    Scenario(
+        world_size=2, data="hf-arrow", shuffle_buffer=8, resume_world_size=1, resume_num_workers=2, resume_batch_size=4,
+    ),
+    Scenario(
+        world_size=1, num_workers=2, data="hf", shuffle_buffer=8, resume_world_size=2, resume_batch_size=2,
+        persistent_workers=True,
+    ),
+    Scenario(world_size=2, data="hf", stop_kind="last_batch", resume_world_size=1),
+]  # fmt: skip
+"""Issue 55: a Hugging Face stream requeued on another allocation: 2 processes with 2 workers -> 1 without (shuffled
+through a buffer of 8); -> 1 worker and batches of 6 (a stop at a validation); read as Arrow tables and augmented in
+the collate, 2 processes without workers -> 1 with 2, the same batches of 4 (the collate draws as the first layout's
+did: each item read under its own seed leaves the generators as its reading did); 1 process with 2 workers -> 2 with
+batches of 2 and workers kept; an epoch's last batch, 2 -> 1 (not shuffled)."""
+
+
+@pytest.mark.parametrize("scenario", HF_ELSEWHERE, ids=[s.label() for s in HF_ELSEWHERE])
+def test_a_hugging_face_stream_resumed_on_another_layout_goes_on_in_the_interrupted_epochs_order(
+    runner: Runner, scenario: Scenario
+) -> None:
+    """The interrupted epoch's samples go on in the global order the first layout would have trained them (each
+    resumed worker reads the first layout's workers' shares of the stream, split as ``datasets`` split them, from
+    their saved states), each with what ``map`` drew for it; the next epochs are what a fresh run of the new layout
+    reads."""
+    assert elsewhere_mismatches(runner, runner.run(scenario)) == []

@@ -1088,6 +1088,12 @@ class PlainData(L.LightningDataModule):
         rank, world_size = self.trainer.global_rank, self.trainer.world_size  # type: ignore[union-attr]
         workers = workers_of(self.config)
         batch_size = self.config["batch_size"]
+        if data in ("hf", "hf-arrow", "wds") and not self.config.get("wds_form"):  # streams that resume anywhere
+            # batched by the loader: the global batch stays on another world size, unless the resume gives another
+            batch_size = batch_size * self.config["first_world_size"] // self.config["world_size"]
+            if self.config["phase"].startswith("resume"):
+                batch_size = self.config.get("resume_batch_size") or batch_size
+            batch_size = self.config.get("given_batch_size") or batch_size  # a chain's leg on a layout of its own
         if data == "hf":
             stream, collate = (
                 hf_stream(STREAM_SIZE, rank, world_size, self.config.get("shuffle_buffer", 0)),
@@ -1101,11 +1107,6 @@ class PlainData(L.LightningDataModule):
         elif data == "wds":
             root, form = Path(self.config["out_dir"]).parent, self.config.get("wds_form", "")
             buffer, size = self.config.get("shuffle_buffer") or 1, self.config["batch_size"]
-            if not form:  # batched by the loader: the global batch stays on another world size, unless given
-                batch_size = size * self.config["first_world_size"] // self.config["world_size"]
-                if self.config["phase"].startswith("resume"):
-                    batch_size = self.config.get("resume_batch_size") or batch_size
-                batch_size = self.config.get("given_batch_size") or batch_size  # a chain's leg on a layout of its own
             stream, collate = wds_stream(root, STREAM_SIZE, buffer, form, size), None
             refused = self.config.get("wds_refused", "")
             if refused:

@@ -17,6 +17,8 @@ private names used for that, each tested against the installed torch by
   ``_utils.worker._worker_loop`` and torchdata's ``stateful_dataloader._worker_loop``, looked up on those
   modules as each iterator starts its workers (`replace_worker_loops`); and the iterators' ``__init__``,
   where they start them (`guard_worker_starts`).
+- ``_utils.worker._worker_info`` and ``WorkerInfo``: what ``get_worker_info()`` answers, set while another layout's
+  worker's stream is read (`read_as_worker`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import signal
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -41,6 +43,7 @@ __all__ = [
     "is_set_without_locking",
     "iterator_factory",
     "next_batch_function",
+    "read_as_worker",
     "replace_next_batch",
     "replace_worker_loops",
     "retire_iterator",
@@ -227,3 +230,21 @@ def guard_worker_starts(guard: Callable[[DataLoader[Any]], AbstractContextManage
             iterator_class.__init__ = start
 
     return restore
+
+
+def read_as_worker(items: Iterator[Any], worker: int | None, workers: int, dataset: Any) -> Iterator[Any]:
+    """``items``, each read while torch's ``get_worker_info()`` answers as in worker ``worker`` of ``workers``
+    (``None``: as in a process without workers), whatever the reading process is: a stream that splits itself by
+    the worker it runs in (a Hugging Face stream) reads another layout's worker's share."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    info = None if worker is None else torch_worker.WorkerInfo(id=worker, num_workers=workers, seed=0, dataset=dataset)
+    while True:
+        own, torch_worker._worker_info = torch_worker._worker_info, info
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        finally:
+            torch_worker._worker_info = own
+        yield item

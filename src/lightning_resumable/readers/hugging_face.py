@@ -3,6 +3,9 @@ iterables' chain, ``_ex_iterable``, walked for a shuffle buffer, and replaced in
 `lightning_resumable.readers.hf_windows`, the example iterable that replaces the buffer (its base
 class, the chain's state-dict protocol, the buffer's and the shard interleave's fields).
 
+Read of a dataset also: its node split (``_distributed``, a dataclass of ``rank`` and ``world_size``), replaced in a
+copy to read another rank's share (`split_as`).
+
 Checked against datasets 5.2 (the version CI installs); ``tests/test_datasets_internals.py`` fails
 if they move. ``datasets`` is never imported here: a dataset of another library is not one of its.
 """
@@ -10,9 +13,10 @@ if they move. ``datasets`` is never imported here: a dataset of another library 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
-__all__ = ["read_as_saved", "shuffle_buffer_size", "split_by_examples", "take_over_buffers"]
+__all__ = ["read_as_saved", "shuffle_buffer_size", "split_as", "split_by_examples", "take_over_buffers"]
 
 
 def shuffle_buffer_size(dataset: object) -> int | None:
@@ -46,6 +50,17 @@ def split_by_examples(dataset: object) -> bool:
         return False
     shards = int(dataset._ex_iterable.num_shards)  # type: ignore[attr-defined]
     return strategy == "examples" or shards % int(distributed.world_size) != 0
+
+
+def split_as(dataset: object, rank: int, world_size: int) -> Any:
+    """A copy of ``dataset`` (a ``datasets.IterableDataset``) split as ``split_dataset_by_node`` splits it for ``rank``
+    of ``world_size`` with its strategy; one not split is every rank's whole stream."""
+    copied = copy.copy(dataset)
+    copied.__dict__ = dict(dataset.__dict__)  # (datasets' __getstate__ hands out its own __dict__)
+    distributed = getattr(dataset, "_distributed", None)
+    if distributed is not None:
+        copied._distributed = dataclasses.replace(distributed, rank=rank, world_size=world_size)  # type: ignore[attr-defined]
+    return copied
 
 
 def take_over_buffers(dataset: object, seed: int, rank: int, seed_reads: bool) -> Any:

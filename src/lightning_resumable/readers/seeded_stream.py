@@ -18,6 +18,14 @@ from torch.utils.data import IterableDataset, get_worker_info
 from lightning_resumable.core import randomness
 from lightning_resumable.format._keys import stream_key, stream_sample_seed
 from lightning_resumable.readers.hugging_face import read_as_saved
+from lightning_resumable.readers.stream_elsewhere import (
+    STREAM_ELSEWHERE,
+    GlobalSequence,
+    Layout,
+    Partitions,
+    rest_items,
+    sequence_from_state,
+)
 
 __all__ = ["SeededStream"]
 
@@ -35,6 +43,9 @@ class SeededStream(IterableDataset[Any]):
         rank: this process's rank (derived, never persisted).
         seed_globals: seed torch's, ``random``'s and NumPy's global generators before each sample.
         restore_globals: in the main process, put the global generators back after each sample.
+        partitions: where the stream's first-layout workers' streams can be opened anywhere (a WebDataset pipeline's,
+            a Hugging Face stream's): an epoch resumed on another layout goes on in its order
+            (`lightning_resumable.readers.stream_elsewhere`).
     """
 
     def __init__(
@@ -44,6 +55,7 @@ class SeededStream(IterableDataset[Any]):
         rank: int,
         seed_globals: bool = True,
         restore_globals: bool = True,
+        partitions: Partitions | None = None,
     ) -> None:
         self.dataset = dataset
         self.seed = seed
@@ -56,6 +68,9 @@ class SeededStream(IterableDataset[Any]):
         self._yielded = 0
         self._restored: dict[str, Any] | None = None  # a state loaded, for the next pass
         self._pass_restored: dict[str, Any] | None = None  # this pass's restored state, until it reads on from it
+        self.partitions = partitions
+        self._elsewhere: dict[str, Any] | None = None  # an epoch going on in another layout's order: its plan
+        self._sequence: GlobalSequence | None = None  # that epoch's global sequence, as this copy reads it
 
     def __getattr__(self, name: str) -> Any:
         if name == "dataset":  # not set yet (unpickling): don't recurse
@@ -93,7 +108,7 @@ class SeededStream(IterableDataset[Any]):
         self._pass_restored, self._restored = self._restored, None  # a restore is the next pass's, none later
         self._yielded = int(self._pass_restored["yielded"]) if self._pass_restored is not None else 0
         restore = self.seed_globals and self.restore_globals and worker is None
-        source = iter(self.dataset)
+        source = self._rest(worker.id if worker is not None else 0) if self._going_on else iter(self.dataset)
         while True:
             seed = stream_sample_seed(key, self._yielded)
             saved = randomness.GlobalGeneratorState() if restore else None
@@ -111,7 +126,37 @@ class SeededStream(IterableDataset[Any]):
             self._pass_restored = None  # the stream read on from it: its own state is current
             yield sample
 
+    @property
+    def resumes_on_any_layout(self) -> bool:
+        """Whether an epoch resumes on another world size, number of workers or batch size, in its order."""
+        return self.partitions is not None
+
+    def resume_elsewhere(self, plan: Mapping[str, Any]) -> None:
+        """Read the rest of ``plan``'s epoch (`lightning_resumable.readers.stream_elsewhere.resume_plan`) in the next
+        pass: its first layout's global order, dealt to this layout."""
+        self._elsewhere = copy.deepcopy(dict(plan))
+
+    @property
+    def _going_on(self) -> bool:
+        """Whether this pass reads an epoch begun on another layout (a kept worker's next epoch is its own)."""
+        if self._elsewhere is not None and int(self._elsewhere["epoch"]) != self.epoch:
+            self._elsewhere = self._sequence = None
+        return self._elsewhere is not None
+
+    def _rest(self, worker: int) -> Iterator[Any]:
+        assert self._elsewhere is not None and self.partitions is not None
+        plan = self._elsewhere
+        self._sequence = sequence_from_state(
+            plan["sequence"], self.partitions, self.seed, self.epoch, self.seed_globals
+        )
+        return rest_items(self._sequence, self.rank, Layout(*plan["layout"]), worker)
+
     def state_dict(self) -> dict[str, Any]:
+        if self._going_on:
+            assert self._elsewhere is not None
+            sequence = self._sequence.to_state() if self._sequence is not None else self._elsewhere["sequence"]
+            place = {**self._elsewhere, "sequence": copy.deepcopy(sequence)}
+            return {"stream": {"epoch": self.epoch, STREAM_ELSEWHERE: place}, "yielded": self._yielded}
         restored = self._restored if self._restored is not None else self._pass_restored
         if restored is not None:  # restored, not read from yet: a Hugging Face stream would report the
             return copy.deepcopy(restored)  # state it had before the load (it applies one as it reads)

@@ -46,11 +46,12 @@ from lightning_resumable.internals._torchdata import (
     torchdata_version,
 )
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
+from lightning_resumable.readers.hf_partitions import hf_partitions
 from lightning_resumable.readers.hugging_face import take_over_buffers
 from lightning_resumable.readers.recording import FRESH_PASS, PassRecord
 from lightning_resumable.readers.seeded_stream import SeededStream
 from lightning_resumable.readers.settings import TORCH_SETTINGS, forwarded_settings
-from lightning_resumable.readers.web_elsewhere import WEB_ELSEWHERE, Layout, resume_plan
+from lightning_resumable.readers.stream_elsewhere import STREAM_ELSEWHERE, Layout, Partitions, resume_plan
 from lightning_resumable.readers.workers import (
     forking,
     retire,
@@ -125,8 +126,8 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
         if FRESH_PASS in state:  # nothing of the epoch read: a fresh pass of it, on this layout
             self.record.expect_first(next_batch)
             return
-        if WEB_ELSEWHERE in state:  # the rest of an epoch begun on another layout, in its order
-            self.dataset.resume_elsewhere(state[WEB_ELSEWHERE])
+        if STREAM_ELSEWHERE in state:  # the rest of an epoch begun on another layout, in its order
+            self.dataset.resume_elsewhere(state[STREAM_ELSEWHERE])
             self.record.resume(batches, copy.deepcopy(dict(state)), next_batch)
             return
         StatefulDataLoader.load_state_dict(self, copy.deepcopy(dict(state)))
@@ -137,9 +138,9 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
     @property
     def resumes_on_any_layout(self) -> bool:
         """Whether an epoch goes on on another world size, number of workers or batch size, in the order that began
-        it: a stream the library reads in its own order (a WebDataset pipeline's,
-        `lightning_resumable.readers.web_elsewhere`), batched without dropping a worker's last partial batch."""
-        return bool(getattr(self.dataset, "resumes_on_any_layout", False)) and not self.drop_last
+        it: a stream whose workers' streams can be opened anywhere (a WebDataset pipeline's, a Hugging Face stream's:
+        `lightning_resumable.readers.stream_elsewhere`), batched without dropping a worker's last partial batch."""
+        return self.dataset.resumes_on_any_layout and not self.drop_last
 
     def world_size_refusal(self, saved: StreamState) -> str | None:
         """Why ``saved`` cannot resume on another world size: a stream's position is per rank, unless the
@@ -191,24 +192,26 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
         return saved.ranks[rank if world_size == saved.world_size else 0]
 
     def _state_elsewhere(self, saved: StreamState, world_size: int) -> Mapping[str, Any] | None:
-        """What every rank restores of an epoch that goes on on this layout in the order that began it (`WEB_ELSEWHERE`:
-        the place in its global sequence, the same on every rank; `FRESH_PASS` if nothing of it was read: the pass is
-        this layout's own); ``None``: the saved layout's own states, restored as saved.
+        """What every rank restores of an epoch that goes on on this layout in the order that began it
+        (`STREAM_ELSEWHERE`: the place in its global sequence, the same on every rank; `FRESH_PASS` if nothing of it
+        was read: the pass is this layout's own); ``None``: the saved layout's own states, restored as saved.
 
         Raises:
             IncompatibleStateError: one layout batched by the loader, the other by the pipeline.
             StateFormatError: a rank's state is malformed.
         """
         for each, state in enumerate(saved.ranks):
-            if WEB_ELSEWHERE not in state:
+            if STREAM_ELSEWHERE not in state:
                 check_loader_state(state, saved.num_workers, each)
         states: list[Mapping[str, Any]] = []  # every worker's dataset state, rank after rank
         for state in saved.ranks:
-            if WEB_ELSEWHERE in state:  # saved before the first batch of an epoch going on elsewhere: its plan
-                states.append({"stream": {"epoch": saved.epoch, WEB_ELSEWHERE: state[WEB_ELSEWHERE]}, "yielded": 0})
+            if STREAM_ELSEWHERE in state:  # saved before the first batch of an epoch going on elsewhere: its plan
+                states.append(
+                    {"stream": {"epoch": saved.epoch, STREAM_ELSEWHERE: state[STREAM_ELSEWHERE]}, "yielded": 0}
+                )
             else:
                 states.extend(dataset_states(state, saved.num_workers))
-        going_on = any(WEB_ELSEWHERE in state["stream"] for state in states)
+        going_on = any(STREAM_ELSEWHERE in state["stream"] for state in states)
         layout = (world_size, self.num_workers, self.batch_size)
         if layout == (saved.world_size, saved.num_workers, saved.batch_size) and not going_on:
             return None
@@ -222,7 +225,8 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
             return {FRESH_PASS: saved.epoch}
         first = Layout(saved.world_size, saved.num_workers, saved.batch_size or 1)
         new = Layout(world_size, self.num_workers, self.batch_size or 1)
-        return {WEB_ELSEWHERE: resume_plan(states, first, saved.epoch, saved.batches, new)}
+        partitions = self.dataset.partitions
+        return {STREAM_ELSEWHERE: resume_plan(states, partitions, first, saved.epoch, saved.batches, new)}
 
     def continues_elsewhere(self, state: Mapping[str, Any]) -> bool:
         return FRESH_PASS not in state  # a fresh pass on another layout reads that layout's own order
@@ -279,6 +283,7 @@ def make_stream_resumable(
             reproducible).
     """
     dataset = loader.dataset if dataset is None else dataset  # (a data library's stream, taken over)
+    partitions = _partitions_of(dataset, seed, seed_samples)
     taken = take_over_buffers(dataset, seed, rank, seed_samples)  # a Hugging Face shuffle buffer: windows
     if taken is not None:
         dataset = taken
@@ -299,6 +304,7 @@ def make_stream_resumable(
         rank=rank,
         seed_globals=seed_samples,
         restore_globals=restore_globals,
+        partitions=partitions,
     )
     return StreamLoader(
         stream,
@@ -306,3 +312,12 @@ def make_stream_resumable(
         epoch_source=epoch_source,
         **forwarded_settings(loader, _STREAM_SETTINGS),
     )
+
+
+def _partitions_of(dataset: Any, seed: int, seed_samples: bool) -> Partitions | None:
+    """What opens ``dataset``'s first-layout workers' streams anywhere (`lightning_resumable.readers.stream_elsewhere`):
+    a WebDataset pipeline taken over is its own; a Hugging Face stream's are ``datasets``' splits; ``None`` for a
+    stream of the user's, whose state the library cannot read another layout's order from."""
+    if callable(getattr(dataset, "place_of", None)) and callable(getattr(dataset, "maker", None)):
+        return dataset  # type: ignore[no-any-return]
+    return hf_partitions(dataset, seed, seed_samples)

@@ -40,13 +40,7 @@ from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.format._keys import Domain, domain_key, stream_key
 from lightning_resumable.readers import streams
 from lightning_resumable.readers.base import BuildOptions, Built
-from lightning_resumable.readers.web_elsewhere import (
-    WEB_ELSEWHERE,
-    GlobalSequence,
-    Layout,
-    rest_items,
-    sequence_from_state,
-)
+from lightning_resumable.readers.stream_elsewhere import Layout, Made, Opened
 from lightning_resumable.readers.web_plan import WebPlan, apply, plan_of, sample_by_sample, stage_name
 
 __all__ = ["WebShards", "build", "mixture_source", "recognises"]
@@ -145,15 +139,9 @@ class WebShards(IterableDataset[Any]):
         self.drop_last = False  # the loader's (set by `build`): its workers' last partial batches are not trained
         self._place: dict[str, Any] = fresh_place(1)
         self._restored: dict[str, Any] | None = None
-        self._elsewhere: tuple[int, dict[str, Any]] | None = None  # an epoch going on from another layout's order
-        self._sequence: GlobalSequence | None = None  # that epoch's global sequence, as this worker reads it
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-
-    resumes_on_any_layout = True
-    """An epoch resumes on another world size, number of workers or batch size
-    (`lightning_resumable.readers.web_elsewhere`)."""
 
     def shards(self, worker: int, workers: int, rank: int | None = None, world_size: int | None = None) -> list[str]:
         """The URLs ``worker`` of ``workers`` reads in this epoch, in order, on this process (or on ``rank`` of
@@ -185,6 +173,25 @@ class WebShards(IterableDataset[Any]):
         read = read_shuffled(sources, self.plan.buffer, key, place, self.seed_reads)
         return read if samples else apply(self.plan.after, read)
 
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        self._place, self._restored = self._restored or fresh_place(1), None
+        return self._partition(self.rank, self.world_size, worker, workers, self._place)
+
+    # ------------------------------------------------------------ `Partitions`: its epoch read on another layout
+    def open(self, epoch: int, first: Layout, rank: int, worker: int, place: dict[str, Any] | None) -> Opened:
+        """What ``worker`` of ``rank`` of the ``first`` layout reads of ``epoch`` from ``place``, in this process."""
+        assert epoch == self.epoch, "the epoch going on is the pass's"
+        at = fresh_place(1) if place is None else place  # updated as it reads
+        read = self._partition(rank, first.world_size, worker, first.workers, at, samples=self.maker() is not None)
+        return read, lambda: copy.deepcopy(at)
+
+    def maker(self) -> Made | None:
+        """Stages after the shuffle that make each sample's item apart (map, decode...) run on a worker's own samples
+        only: `made` makes one."""
+        return self.made if sample_by_sample(self.plan.after) else None
+
     def made(self, sample: Any) -> tuple[bool, Any]:
         """``(True, item)``: ``sample`` (read by `_partition` with ``samples``) made into its item by the stages after
         the shuffle; ``(False, None)``: they dropped it."""
@@ -192,41 +199,18 @@ class WebShards(IterableDataset[Any]):
             return True, item
         return False, None
 
-    def __iter__(self) -> Iterator[Any]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        if self._elsewhere is not None and self._elsewhere[0] == self.epoch:
-            return self._rest(worker)
-        self._elsewhere = self._sequence = None  # an epoch that went on elsewhere is over: this layout's own
-        self._place, self._restored = self._restored or fresh_place(1), None
-        return self._partition(self.rank, self.world_size, worker, workers, self._place)
+    def place_of(self, state: Mapping[str, Any]) -> dict[str, Any] | None:
+        return dict(state["place"])
 
-    def resume_elsewhere(self, plan: Mapping[str, Any]) -> None:
-        """Read the rest of ``plan``'s epoch (`lightning_resumable.readers.web_elsewhere.resume_plan`) in the next
-        pass: its first layout's global order, dealt to this layout."""
-        self._elsewhere = (int(plan["epoch"]), copy.deepcopy(dict(plan)))
-
-    def _rest(self, worker: int) -> Iterator[Any]:
-        assert self._elsewhere is not None
-        plan = self._elsewhere[1]
-        first = Layout(*plan["sequence"]["first"])
-        # Stages that make each sample's item apart (map, decode...) run on this worker's own samples only.
-        apart = sample_by_sample(self.plan.after)
-        self._sequence = sequence_from_state(
-            plan["sequence"],
-            lambda rank, each, place: self._partition(rank, first.world_size, each, first.workers, place, apart),
-            self.seed,
-            self.epoch,
-            self.seed_reads,
-            self.made if apart else None,
-        )
-        return rest_items(self._sequence, self.rank, Layout(*plan["layout"]), worker)
+    def refusal(self, state: Mapping[str, Any]) -> str | None:
+        if state.get("drop_last", False):
+            return (
+                "the checkpoint's run read its WebDataset pipeline with drop_last=True: its workers' last partial"
+                " batches were not trained, and the epoch's order on another layout is not dealt so"
+            )
+        return None
 
     def state_dict(self) -> dict[str, Any]:
-        if self._elsewhere is not None and self._elsewhere[0] == self.epoch:
-            plan = self._elsewhere[1]
-            sequence = self._sequence.to_state() if self._sequence is not None else copy.deepcopy(plan["sequence"])
-            return {"epoch": self.epoch, WEB_ELSEWHERE: {**plan, "sequence": sequence}}
         return {"epoch": self.epoch, "place": copy.deepcopy(self._place), "drop_last": self.drop_last}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 from lightning_resumable import IncompatibleStateError
 from lightning_resumable.format.envelope import StreamState
 from lightning_resumable.readers.build import make_resumable
-from lightning_resumable.readers.web_elsewhere import WEB_ELSEWHERE
+from lightning_resumable.readers.stream_elsewhere import STREAM_ELSEWHERE
 
 wds = pytest.importorskip("webdataset")
 
@@ -83,12 +83,56 @@ PIPELINES["dropping a sample"] = lambda urls: (
 Layout = tuple[int, int, int]  # processes, workers, batch size (ignored for a pipeline batched in itself)
 
 
+def hf_rows(shards: list[int]) -> Any:
+    for shard in shards:
+        for row in range(PER_SHARD):
+            yield {"txt": str(shard * PER_SHARD + row)}
+
+
+def hf_stream(strategy: str, rank: int, world: int) -> Any:
+    """8 shards of a generator's rows, drawn in ``map``, shuffled through a buffer of 4, split by node with
+    ``strategy`` (``datasets``' ``auto`` splits by examples where the shards do not divide among the ranks)."""
+    from datasets import IterableDataset as HFIterableDataset
+    from datasets.distributed import split_dataset_by_node
+
+    rows = HFIterableDataset.from_generator(hf_rows, gen_kwargs={"shards": list(range(SHARDS))})
+    shuffled = rows.map(drawn_row).shuffle(seed=7, buffer_size=4)
+    return split_dataset_by_node(shuffled, rank=rank, world_size=world, strategy=strategy)
+
+
+def drawn_row(row: dict[str, Any]) -> dict[str, Any]:
+    sample_id, value = drawn(row)
+    return {"id": sample_id, "value": value}
+
+
+def hf_arrow_stream(rank: int, world: int) -> Any:
+    """A ``Dataset``'s rows read as Arrow tables (the library's windows read so): shuffled, torch-formatted."""
+    from datasets import Dataset
+    from datasets.distributed import split_dataset_by_node
+
+    rows = Dataset.from_dict({"id": list(range(SHARDS * PER_SHARD))}).to_iterable_dataset(num_shards=SHARDS)
+    return split_dataset_by_node(rows.shuffle(seed=7, buffer_size=4).with_format("torch"), rank=rank, world_size=world)
+
+
+def ids_of_rows(rows: list[dict[str, Any]]) -> list[int]:
+    return [int(row["id"]) for row in rows]
+
+
+STREAMS = {
+    "hugging face": lambda rank, world: hf_stream("auto", rank, world),
+    "hugging face split by examples": lambda rank, world: hf_stream("examples", rank, world),
+    "hugging face as arrow": hf_arrow_stream,
+}
+
+
 def loader(urls: list[str], form: str, rank: int, layout: Layout) -> Any:
     world, workers, batch = layout
     batched = form.startswith("batched")
-    plain = DataLoader(
-        PIPELINES[form](urls), batch_size=None if batched else batch, num_workers=workers, collate_fn=list
-    )
+    if form in STREAMS:
+        dataset, collate = STREAMS[form](rank, world), (ids_of_rows if "arrow" in form else list)
+    else:
+        dataset, collate = PIPELINES[form](urls), list
+    plain = DataLoader(dataset, batch_size=None if batched else batch, num_workers=workers, collate_fn=collate)
     return make_resumable(plain, seed=SEED, num_replicas=world, rank=rank, epoch_source=lambda: EPOCH)
 
 
@@ -142,6 +186,10 @@ def resumed(urls: list[str], form: str, layout: Layout, saved: StreamState) -> l
     return ranks
 
 
+def sample_id(sample: Any) -> int:
+    return int(sample["id"] if isinstance(sample, dict) else sample if isinstance(sample, int) else sample[0])
+
+
 def assert_goes_on(before: list[Any], after: list[Any], full: list[Any], global_batch: int) -> None:
     """``after`` is ``full`` from ``before``'s end on, its last uneven global batch padded with its own items."""
     rest = full[len(before) :]
@@ -153,6 +201,11 @@ def assert_goes_on(before: list[Any], after: list[Any], full: list[Any], global_
 
 
 CASES = [
+    ("hugging face", (2, 2, 4), 2, (1, 0, 4)),
+    ("hugging face", (2, 2, 3), 3, (4, 1, 2)),
+    ("hugging face", (1, 0, 4), 3, (2, 2, 2)),
+    ("hugging face split by examples", (2, 1, 3), 2, (1, 3, 4)),
+    ("hugging face as arrow", (2, 2, 4), 2, (2, 1, 6)),
     ("drawn after the shuffle", (2, 2, 4), 2, (1, 0, 4)),
     ("drawn after the shuffle", (2, 2, 4), 3, (2, 3, 3)),
     ("drawn after the shuffle", (1, 3, 3), 5, (2, 1, 2)),
@@ -166,7 +219,7 @@ def test_the_epoch_goes_on_in_the_first_layouts_global_order(
     urls: list[str], form: str, first: Layout, batches: int, new: Layout
 ) -> None:
     full = global_sequence([list(loader(urls, form, rank, first)) for rank in range(first[0])])
-    assert sorted(sample for sample, _ in full) == list(range(SHARDS * PER_SHARD))
+    assert sorted(map(sample_id, full)) == list(range(SHARDS * PER_SHARD))
     read, saved = stopped(urls, form, first, batches)
     after = resumed(urls, form, new, saved)
     assert len({len(each) for each in after}) == 1, "every rank has as many batches (DDP steps together)"
@@ -179,13 +232,13 @@ def test_a_save_inside_it_resumes_again_on_a_third_layout_and_on_its_own(urls: l
     full = global_sequence([list(loader(urls, form, rank, first)) for rank in range(first[0])])
     read, saved = stopped(urls, form, first, 2)
     more, again = stopped(urls, form, second, 5, saved)
-    assert WEB_ELSEWHERE in again.ranks[0]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]["stream"]
+    assert STREAM_ELSEWHERE in again.ranks[0]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]["stream"]
     before = global_sequence(read) + global_sequence(more)
     assert_goes_on(before, global_sequence(resumed(urls, form, third, again)), full, third[0] * third[2])
     assert_goes_on(before, global_sequence(resumed(urls, form, second, again)), full, second[2])
     # Saved before the first batch of the resumed epoch: its plan, as it was restored.
     _, planned = stopped(urls, form, second, 2, saved)
-    assert WEB_ELSEWHERE in planned.ranks[0]
+    assert STREAM_ELSEWHERE in planned.ranks[0]
     assert_goes_on(global_sequence(read), global_sequence(resumed(urls, form, third, planned)), full, 4)
 
 

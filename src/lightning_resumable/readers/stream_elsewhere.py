@@ -1,24 +1,25 @@
-"""A WebDataset pipeline resumed on another layout: another world size, number of workers or batch size (issue 55).
+"""A stream resumed on another layout: another world size, number of workers or batch size (issue 55), for a
+stream whose first-layout workers' streams can be opened anywhere (`Partitions`: a WebDataset pipeline's shards, a
+Hugging Face stream's split).
 
 Promise: the interrupted epoch goes on in the global order the layout that began it would have trained it, and
 the next epochs are the new layout's own (as a fresh run of it reads them), as LitData's loader resumed elsewhere
 does (`lightning_resumable.readers.litdata_elsewhere`):
 
-- the first layout's order is its **partitions'** (one per rank and worker: the shards that worker reads, in its
-  windows, each sample drawn under its own seed) read in torch's turns: a rank's loader takes its workers' batches
-  in turn and passes over one that has run out (`tests/test_torch_internals.py`), and the global sequence is step
-  after step, rank after rank in a step. `GlobalSequence` reads it lazily from the partitions' saved places, so
-  nothing needs the partitions' lengths in advance: where a partition ends is found where the first layout found
-  it, by reading it;
+- the first layout's order is its **partitions'** (one per rank and worker: what that worker reads, each item drawn
+  under its own seed) read in torch's turns: a rank's loader takes its workers' batches in turn and passes over one
+  that has run out (`tests/test_torch_internals.py`), and the global sequence is step after step, rank after rank in
+  a step. `GlobalSequence` reads it lazily from the partitions' saved places, so nothing needs the partitions'
+  lengths in advance: where a partition ends is found where the first layout found it, by reading it;
 - the resumed run deals the rest of that sequence to its ranks in global batches of its own size (a last uneven
-  global batch padded with its own items, repeated), and its workers take the batches in torch's turns. A tar
-  stream has no random access, so **each resumed worker reads every partition** and keeps its own batches (the
-  stages that make each sample's item apart run on its own samples only): the rest of that one epoch costs up to the
-  number of the new layout's workers (all ranks') times the reading; a restore re-reads at most one window per
-  partition, as on the same layout;
-- the state of a worker inside that epoch is the sequence's place (each partition's window place, samples read,
-  batches, end found; the rank whose turn it is), and a save takes the one at the checkpoint's global position, so
-  a chain resumes it again, on any layout.
+  global batch padded with its own items, repeated), and its workers take the batches in torch's turns. A stream
+  has no random access, so **each resumed worker reads every partition** and keeps its own batches (where the
+  partitions can hand out samples whose items are made apart, only its own are made): the rest of that one epoch
+  costs up to the number of the new layout's workers (all ranks') times the reading; a restore re-reads what a
+  same-layout restore of each partition re-reads;
+- the state of a worker inside that epoch is the sequence's place (each partition's place, items read, batches,
+  end found; the rank whose turn it is), and a save takes the one at the checkpoint's global position, so a chain
+  resumes it again, on any layout.
 """
 
 from __future__ import annotations
@@ -27,24 +28,51 @@ import collections
 import copy
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from lightning_resumable.core import randomness
-from lightning_resumable.core.window_shuffle import fresh_place
 from lightning_resumable.errors import IncompatibleStateError, StateFormatError
 from lightning_resumable.format._keys import stream_key, stream_sample_seed
 
-__all__ = ["WEB_ELSEWHERE", "GlobalSequence", "Layout", "Partition", "rest_items", "resume_plan"]
+__all__ = [
+    "STREAM_ELSEWHERE",
+    "GlobalSequence",
+    "Layout",
+    "Made",
+    "Opened",
+    "Partition",
+    "Partitions",
+    "rest_items",
+    "resume_plan",
+    "sequence_from_state",
+]
 
-WEB_ELSEWHERE = "lightning_resumable.web_elsewhere"
-"""The key of a WebDataset state whose epoch goes on on another layout than the one that began it."""
+STREAM_ELSEWHERE = "lightning_resumable.stream_elsewhere"
+"""The key of a stream state whose epoch goes on on another layout than the one that began it."""
 
-OpenPartition = Callable[[int, int, dict[str, Any]], Iterator[Any]]
-"""``(rank, worker, place)`` of the first layout -> that partition's items (or samples, made into items apart: `Made`)
-from ``place`` (a window place, updated as they are read)."""
+Opened = tuple[Iterator[Any], Callable[[], dict[str, Any]]]
+"""A partition opened: its items (or samples, made into items apart: `Made`), and its place now."""
 
 Made = Callable[[Any], tuple[bool, Any]]
 """A sample -> ``(True, its item)``, or ``(False, None)`` if the pipeline dropped it."""
+
+
+class Partitions(Protocol):
+    """A stream whose first-layout workers' streams ("partitions") can be opened in any process of any layout."""
+
+    def maker(self) -> Made | None:
+        """Where `open` hands out samples whose items are made apart (the stages after the shuffle make at most one of
+        each): what makes one; ``None``: `open` hands out items."""
+
+    def open(self, epoch: int, first: Layout, rank: int, worker: int, place: dict[str, Any] | None) -> Opened:
+        """Worker ``worker`` of rank ``rank`` of ``first``: its stream of ``epoch`` from ``place`` (``None``: its
+        start)."""
+
+    def place_of(self, state: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The place in a worker's saved stream state (``None``: its start)."""
+
+    def refusal(self, state: Mapping[str, Any]) -> str | None:
+        """Why a worker's saved stream state cannot go on on another layout; ``None``: it can."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +103,7 @@ class Partition:
     """One worker's stream of the first layout: its window place, the items read of it (their seeds are keyed by
     the count), the batches begun of it, and whether its end was found."""
 
-    place: dict[str, Any]
+    place: dict[str, Any] | None
     read: int = 0
     batches: int = 0
     ended: bool = False
@@ -85,11 +113,11 @@ class Partition:
 
     @classmethod
     def from_state(cls, raw: object) -> Partition:
-        if not (isinstance(raw, list) and len(raw) == 4 and isinstance(raw[0], dict)):
-            raise StateFormatError(f"a WebDataset partition's state is malformed: {raw!r:.200}")
+        if not (isinstance(raw, list) and len(raw) == 4 and (raw[0] is None or isinstance(raw[0], dict))):
+            raise StateFormatError(f"a stream partition's state is malformed: {raw!r:.200}")
         place, read, batches, ended = raw
         if type(read) is not int or type(batches) is not int or type(ended) is not bool or min(read, batches) < 0:
-            raise StateFormatError(f"a WebDataset partition's state is malformed: {raw!r:.200}")
+            raise StateFormatError(f"a stream partition's state is malformed: {raw!r:.200}")
         return cls(copy.deepcopy(place), read, batches, ended)
 
 
@@ -101,12 +129,11 @@ class GlobalSequence:
         partitions: each of its (rank, worker) streams' place, rank after rank.
         turn: the rank whose batch is next; ``current``: the partition whose batch is being read and the items left
             of that batch, or ``None`` (the rank picks its next worker).
-        open_partition: opens a partition at a place (`OpenPartition`).
+        source: opens the partitions (`Partitions`); where it hands out samples whose items are made apart
+            (``source.maker()``), `item` makes them, only for the items a worker keeps. A sample the stages drop is
+            found there and refused (its position would shift every later one).
         seed, epoch: the items' seeds are keyed by them, the partition's rank and worker, and its count.
         seed_globals: each item is read with the global generators seeded, as the first layout read it.
-        made: where the partitions yield samples whose items are made apart (the stages after the shuffle make at most
-            one of each): `item` makes them, only for the items a worker keeps. A sample the stages drop is found
-            there and refused (its position would shift every later one).
     """
 
     def __init__(
@@ -115,21 +142,20 @@ class GlobalSequence:
         partitions: list[Partition],
         turn: int,
         current: tuple[int, int] | None,
-        open_partition: OpenPartition,
+        source: Partitions,
         seed: int,
         epoch: int,
         seed_globals: bool,
-        made: Made | None = None,
     ) -> None:
         if len(partitions) != first.world_size * first.workers:
             raise StateFormatError(
-                f"a WebDataset state of an epoch begun on {first.world_size} processes with {first.num_workers}"
+                f"a stream state of an epoch begun on {first.world_size} processes with {first.num_workers}"
                 f" workers holds {len(partitions)} partitions"
             )
         self.first, self.partitions, self.turn, self.current = first, partitions, turn, current
-        self._open, self._seed, self._epoch, self._seed_globals = open_partition, seed, epoch, seed_globals
-        self._made = made
-        self._readers: dict[int, Iterator[Any]] = {}
+        self._source, self._seed, self._epoch, self._seed_globals = source, seed, epoch, seed_globals
+        self._made = source.maker()
+        self._readers: dict[int, Opened] = {}  # the partitions opened
 
     @property
     def position(self) -> int:
@@ -180,10 +206,10 @@ class GlobalSequence:
     def _read(self, number: int) -> tuple[bool, Any]:
         """Partition ``number``'s next item, under the seed its worker read it under (or its sample, `_Sample`)."""
         partition = self.partitions[number]
-        reader = self._readers.get(number)
-        if reader is None:
+        if number not in self._readers:
             rank, worker = divmod(number, self.first.workers)
-            reader = self._readers[number] = self._open(rank, worker, partition.place)
+            self._readers[number] = self._source.open(self._epoch, self.first, rank, worker, partition.place)
+        reader = self._readers[number][0]
         if self._made is not None:  # the windows seed their own reads
             try:
                 sample = next(reader)
@@ -191,14 +217,15 @@ class GlobalSequence:
                 return False, None
             partition.read += 1
             return True, _Sample(number, partition.read - 1, sample)
-        with randomness.inner_samples():
-            randomness.begin_sample(self._seed_of(number, partition.read), self._seed_globals)
-            try:
-                item = next(reader)
-            except StopIteration:
-                return False, None
-            finally:
-                randomness.end_sample()
+        # Each item read under its own seed, its generators left as its reading left them (a collate that draws after
+        # the batch's last item draws as the first layout's did, where the batches are the same).
+        randomness.begin_sample(self._seed_of(number, partition.read), self._seed_globals)
+        try:
+            item = next(reader)
+        except StopIteration:
+            return False, None
+        finally:
+            randomness.end_sample()
         partition.read += 1
         return True, item
 
@@ -215,16 +242,15 @@ class GlobalSequence:
         if not isinstance(entry, _Sample):
             return entry
         assert self._made is not None
-        with randomness.inner_samples():
-            randomness.begin_sample(self._seed_of(entry.number, entry.read), self._seed_globals)
-            try:
-                found, item = self._made(entry.sample)
-            finally:
-                randomness.end_sample()
+        randomness.begin_sample(self._seed_of(entry.number, entry.read), self._seed_globals)
+        try:
+            found, item = self._made(entry.sample)
+        finally:
+            randomness.end_sample()
         if not found:
             first = self.first
             raise IncompatibleStateError(
-                "the WebDataset pipeline dropped a sample after its shuffle (a map that returned None, or a handler"
+                "the stream's pipeline dropped a sample after its shuffle (a map that returned None, or a handler"
                 " that skips an error), so the epoch's order on the layout that began it cannot be dealt to this one"
                 " apart from reading every sample's stages in every worker. Resume on"
                 f" {first.world_size} processes with num_workers={first.num_workers} and batch_size={first.batch_size}"
@@ -232,6 +258,8 @@ class GlobalSequence:
         return item
 
     def to_state(self) -> dict[str, Any]:
+        for number, (_, place) in self._readers.items():
+            self.partitions[number].place = place()
         return {
             "first": [self.first.world_size, self.first.num_workers, self.first.batch_size],
             "partitions": [partition.to_state() for partition in self.partitions],
@@ -277,36 +305,37 @@ def rest_items(sequence: GlobalSequence, rank: int, layout: Layout, worker: int)
 
 
 def resume_plan(
-    states: Sequence[Mapping[str, Any]], first: Layout, epoch: int, batches: int, layout: Layout
+    states: Sequence[Mapping[str, Any]], source: Partitions, first: Layout, epoch: int, batches: int, layout: Layout
 ) -> dict[str, Any]:
-    """The place to resume at, as a WebDataset state's `WEB_ELSEWHERE` entry, from the dataset states of every worker
+    """The place to resume at, as a stream state's `STREAM_ELSEWHERE` entry, from the stream states of every worker
     of every rank of a checkpoint written after ``batches`` batches of ``epoch`` (rank after rank, worker after
-    worker).
+    worker; each ``{"stream": ..., "yielded": items}``).
 
-    Each is either the first layout's own (``{"epoch", "place"}`` with the items its worker yielded) or, inside an
-    epoch already going on on another layout, a `GlobalSequence`'s: then the one at the checkpoint's global position
-    (the worker that read the last batch trained) is taken.
+    Each is either the first layout's own (its place read by ``source``) or, inside an epoch already going on on
+    another layout, a `GlobalSequence`'s: then the one at the checkpoint's global position (the worker that read the
+    last batch trained) is taken.
 
     Raises:
         StateFormatError: no state is at the checkpoint's position, or one is malformed.
-        IncompatibleStateError: the checkpoint's run dropped its workers' last partial batches (``drop_last``).
+        IncompatibleStateError: a worker's state cannot go on elsewhere (``source.refusal``: WebDataset's read with
+            ``drop_last``).
     """
-    going_on = [state["stream"][WEB_ELSEWHERE] for state in states if WEB_ELSEWHERE in state["stream"]]
+    going_on = [state["stream"][STREAM_ELSEWHERE] for state in states if STREAM_ELSEWHERE in state["stream"]]
     if not going_on:
         partitions = []
-        if any(state["stream"].get("drop_last", False) for state in states):
-            raise IncompatibleStateError(
-                "the checkpoint's run read its WebDataset pipeline with drop_last=True: its workers' last partial"
-                " batches were not trained, and the epoch's order on another layout is not dealt so. Resume on"
-                f" {first.world_size} processes with num_workers={first.num_workers} and batch_size={first.batch_size}"
-            )
         for state in states:
+            refusal = source.refusal(state["stream"])
+            if refusal is not None:
+                raise IncompatibleStateError(
+                    f"{refusal}. Resume on {first.world_size} processes with num_workers={first.num_workers} and"
+                    f" batch_size={first.batch_size}"
+                )
             if int(state["stream"]["epoch"]) != epoch:  # a worker yet to start the epoch
-                partitions.append(Partition(fresh_place(1)))
+                partitions.append(Partition(None))
                 continue
             read, batch = int(state["yielded"]), first.batch_size
             whole, partial = divmod(read, batch)
-            place = copy.deepcopy(dict(state["stream"]["place"]))
+            place = copy.deepcopy(source.place_of(state["stream"]))
             partitions.append(Partition(place, read, whole + (partial > 0), partial > 0))
         sequence = {
             "first": [first.world_size, first.num_workers, first.batch_size],
@@ -318,7 +347,7 @@ def resume_plan(
         return {"epoch": epoch, "sequence": sequence, "start": start, "batches": batches, **_layout(layout)}
     runs = {(entry["start"], entry["batches"]) for entry in going_on}
     if len(runs) != 1:
-        raise StateFormatError(f"the WebDataset states of one checkpoint were written by several runs: {sorted(runs)}")
+        raise StateFormatError(f"the stream states of one checkpoint were written by several runs: {sorted(runs)}")
     entry = going_on[0]
     saved_layout = Layout(*entry["layout"])
     target = entry["start"] + (batches - entry["batches"]) * saved_layout.world_size * saved_layout.batch_size
@@ -329,7 +358,7 @@ def resume_plan(
             sequence = copy.deepcopy(each["sequence"])
             return {"epoch": epoch, "sequence": sequence, "start": position, "batches": batches, **_layout(layout)}
     raise StateFormatError(
-        f"no worker's WebDataset state is at the checkpoint's global position ({target} items of the epoch):"
+        f"no worker's stream state is at the checkpoint's global position ({target} items of the epoch):"
         " the checkpoint's states do not belong together"
     )
 
@@ -339,14 +368,9 @@ def _layout(layout: Layout) -> dict[str, Any]:
 
 
 def sequence_from_state(
-    raw: Mapping[str, Any],
-    open_partition: OpenPartition,
-    seed: int,
-    epoch: int,
-    seed_globals: bool,
-    made: Made | None = None,
+    raw: Mapping[str, Any], source: Partitions, seed: int, epoch: int, seed_globals: bool
 ) -> GlobalSequence:
-    """The `GlobalSequence` of a state's ``sequence`` entry.
+    """The `GlobalSequence` of a state's ``sequence`` entry, its partitions opened by ``source``.
 
     Raises:
         StateFormatError: it is malformed.
@@ -357,7 +381,7 @@ def sequence_from_state(
         turn, current = int(raw["turn"]), raw["current"]
         held = None if current is None else (int(current[0]), int(current[1]))
     except (KeyError, TypeError, ValueError) as error:
-        raise StateFormatError(f"a WebDataset state of an epoch going on elsewhere is malformed: {error}") from error
+        raise StateFormatError(f"a stream state of an epoch going on elsewhere is malformed: {error}") from error
     if not 0 <= turn < first.world_size or first.batch_size < 1:
-        raise StateFormatError(f"a WebDataset state of an epoch going on elsewhere is malformed: {dict(raw)!r:.200}")
-    return GlobalSequence(first, partitions, turn, held, open_partition, seed, epoch, seed_globals, made)
+        raise StateFormatError(f"a stream state of an epoch going on elsewhere is malformed: {dict(raw)!r:.200}")
+    return GlobalSequence(first, partitions, turn, held, source, seed, epoch, seed_globals)
