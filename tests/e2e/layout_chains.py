@@ -64,7 +64,7 @@ def _draw_layout(draw: random.Random, most_workers: int = 2) -> Layout:
 def _first_run(draw: random.Random, first: Layout, data: str) -> Scenario:
     """The chain's run on its first layout: the library's loader or a torch one over its dataset (a WebDataset
     pipeline shuffled through a buffer: a torch loader or torchdata's), 2 or 3 epochs."""
-    own = "StatefulDataLoader" if data == "wds" else "StreamingDataLoader"
+    own = "StreamingDataLoader" if data == "litdata" else "StatefulDataLoader"
     return Scenario(
         world_size=first.world_size,
         batch_size=first.batch_size,
@@ -73,7 +73,7 @@ def _first_run(draw: random.Random, first: Layout, data: str) -> Scenario:
         loader=draw.choice((own, "DataLoader")),
         data=data,
         epochs=draw.choice((2, 3)),
-        shuffle_buffer=5 if data == "wds" else 0,
+        shuffle_buffer=STREAM_REFERENCES[data].shuffle_buffer if data in STREAM_REFERENCES else 0,
     )
 
 
@@ -206,17 +206,23 @@ validation); 643001853 (a soak's) goes
 1 x 2 -> 2 x 6 with 1 worker, stopped in the epoch's last global batch, -> 2 x 6 again: the padding of that batch,
 taken from the rest's first samples, differed on the second resume and its recorded next batch was refused."""
 
-WEB_REFERENCE = Scenario(world_size=1, data="wds", shuffle_buffer=5, epochs=3)
-"""The fresh runs a WebDataset chain is placed and judged by, on each layout: its order depends neither on the loader
-class (both are read as torchdata's) nor on the epochs after."""
+HF_LAYOUT_CHAIN_SEEDS = (2, 10)
+"""The Hugging Face chains CI runs (drawn as LitData's)."""
+
+STREAM_REFERENCES = {
+    "wds": Scenario(world_size=1, data="wds", shuffle_buffer=5, epochs=3),
+    "hf": Scenario(world_size=1, data="hf", shuffle_buffer=8, epochs=3),
+}
+"""The fresh runs a chain of a WebDataset pipeline or a Hugging Face stream is placed and judged by, on each layout:
+its order depends neither on the loader class (both are read as torchdata's) nor on the epochs after."""
 
 
-def web_plans(runner: Runner) -> Plans:
-    """`Plans` of the WebDataset pipeline the runs read: each layout's fresh run's batches (the chain's judge runs
-    the same ones)."""
+def stream_plans(runner: Runner, data: str) -> Plans:
+    """`Plans` of the stream ``data`` the runs read (`STREAM_REFERENCES`): each layout's fresh run's batches (the
+    chain's judge runs the same ones)."""
 
     def plans(layout: Layout, epoch: int) -> list[list[list[int]]]:
-        records = _fresh(runner, WEB_REFERENCE, layout)
+        records = _fresh(runner, STREAM_REFERENCES[data], layout)
         return [[record["ids"] for record in records[rank] if record["epoch"] == epoch] for rank in sorted(records)]
 
     return plans
@@ -284,7 +290,7 @@ def litdata_chain_problems(runner: Runner, chain: LitDataChain, run_dir: Path) -
     global batch of the last layout's padding, from its own samples; each sample augmented as there."""
     steps, _ = run_chain(run_dir, chain.scenario, chain.legs)
     problems = []
-    reference = WEB_REFERENCE if chain.scenario.data == "wds" else chain.scenario
+    reference = STREAM_REFERENCES.get(chain.scenario.data, chain.scenario)
     for epoch in range(chain.scenario.epochs):
         origin = chain.began[epoch]
         fresh = _fresh(runner, reference, origin)

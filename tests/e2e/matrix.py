@@ -169,10 +169,12 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
         new_size = resized.choice(tuple(size for size in (2, 3, 6, 8) if size != scenario.batch_size))
         scenario = replace(scenario, resume_batch_size=new_size)
         reference = replace(reference, resume_batch_size=new_size)
-    # Issue 55: a WebDataset pipeline requeued on another allocation: world size, workers, batch size (a pipeline
-    # batched in itself keeps its batches), each or together; salted, and not for the seeds CI ran before.
+    # Issue 55: a WebDataset pipeline or a Hugging Face stream requeued on another allocation: world size, workers,
+    # batch size (a pipeline batched in itself keeps its batches), each or together; salted, and not for the seeds CI
+    # ran before.
     moved = random.Random(seed * 7561 + 5508)
-    if scenario.data == "wds" and not scenario.wds_refused and seed not in MIXTURE_KEPT_AFTER and moved.random() < 0.5:
+    anywhere = scenario.data in ("wds", "hf") and not scenario.wds_refused and seed not in MIXTURE_KEPT_AFTER
+    if anywhere and moved.random() < 0.5:
         if moved.random() < 0.5:
             scenario = replace(scenario, resume_world_size=3 - scenario.world_size)
         if moved.random() < 0.5:
@@ -737,7 +739,7 @@ def case_problems(runner: Runner, scenario: Scenario, reference: Scenario) -> li
         return refused_problems(runner, scenario)
     outcome = Outcome(scenario, runner.full(reference), runner.stopped(scenario), runner.resumed(scenario))
     resized = (scenario.resume_world_size, scenario.resume_num_workers, scenario.resume_batch_size)
-    if scenario.data in ("litdata", "wds") and resized != (None, None, None):
+    if scenario.data in ("litdata", "wds", "hf") and resized != (None, None, None):
         return elsewhere_mismatches(runner, outcome)
     if scenario.resume_batch_size is not None and scenario.data == "mixture":
         return mixture_elastic_mismatches(runner, outcome, replace(reference, resume_batch_size=None))
@@ -888,10 +890,11 @@ def draw_preemption(seed: int) -> tuple[Scenario, Preemption]:
     several loaders), on the same world size and workers at the resume, with 0 or 2 workers."""
     base, _ = draw_case(seed)
     scenario, preemption = _preempted(seed, _as_one_run(base, evaluate_before_resume=False))
-    # Issue 55: a WebDataset pipeline requeued on another allocation (a pipeline batched in itself keeps its batches);
-    # salted, not for the seeds CI ran before.
+    # Issue 55: a WebDataset pipeline or a Hugging Face stream requeued on another allocation (a pipeline batched in
+    # itself keeps its batches); salted, not for the seeds CI ran before.
     moved = random.Random(seed * 104729 + 5509)
-    anywhere = scenario.data == "wds" and preemption.again != "kill_while_saving" and seed not in MIXTURE_KEPT_AFTER
+    anywhere = scenario.data in ("wds", "hf") and preemption.again != "kill_while_saving"
+    anywhere = anywhere and seed not in MIXTURE_KEPT_AFTER
     if anywhere and moved.random() < 0.4:
         batch_size = scenario.batch_size if scenario.wds_form else moved.choice((2, 4, 6, 8))
         layout = (moved.choice((1, 2)), moved.choice((0, 1, 2)), batch_size)
@@ -917,9 +920,9 @@ def draw_library_preemption(seed: int) -> tuple[Scenario, Preemption]:
 
 
 def resumed_elsewhere_problems(runner: Runner, outcome: Outcome) -> list[str]:
-    """The judge of a loader resumed on another layout: LitData's and a WebDataset pipeline's epoch goes on in the
-    order that began it (`elsewhere_mismatches`), Mosaic's global sequence in global batches of the new size
-    (`regrouped_mismatches`)."""
-    if outcome.scenario.data in ("litdata", "wds"):
+    """The judge of a loader resumed on another layout: LitData's, a WebDataset pipeline's and a Hugging Face stream's
+    epoch goes on in the order that began it (`elsewhere_mismatches`), Mosaic's global sequence in global batches of
+    the new size (`regrouped_mismatches`)."""
+    if outcome.scenario.data in ("litdata", "wds", "hf"):
         return elsewhere_mismatches(runner, outcome)
     return regrouped_mismatches(runner, outcome)

@@ -43,6 +43,9 @@ the process default (7) and by spawn as the default (321: a Hugging Face stream;
 (`matrix.FORK_IN_CI`). (157, spawn as the default and the requeue signal to the group, found the resource tracker
 killed by that signal: `tests/test_worker_starts.py` reproduces it in seconds.) The table of
 docs/guarantees.md#preemption lists them."""
+REQUEUED_ELSEWHERE_SEEDS = (2000098,)
+"""Drawn preemptions of a Hugging Face stream requeued on another allocation (issue 55): SIGTERM to rank 1 while it
+saves, after a first resume, 2 processes with 2 workers -> 2 without, batches of 8."""
 WEB_DATASET_PREEMPTION_SEEDS = (21, 174, 257, 326, 226075957, 610141351)
 """Drawn preemptions of a WebDataset pipeline (issue 46; CI's extras step): SLURM's requeue signal to rank 1 at a
 step, 0 workers; SIGTERM to every rank as the next epoch's 2 workers start; SIGTERM to the group at the epoch's
@@ -78,6 +81,16 @@ def test_a_drawn_preemption_ends_cleanly_and_resumes_exactly(runner: Runner, see
     drawn = draw_preemption(seed)
     if drawn[0].data == "wds" and importlib.util.find_spec("webdataset") is None:
         pytest.skip("webdataset is not installed (CI's extras step runs its cases)")
+    _judged(runner, seed, drawn, rerun)
+
+
+@pytest.mark.parametrize("seed", REQUEUED_ELSEWHERE_SEEDS)
+def test_a_drawn_preemption_of_a_stream_requeued_on_another_allocation_resumes_in_its_order(
+    runner: Runner, seed: int
+) -> None:
+    drawn = draw_preemption(seed)
+    assert drawn[0].data == "hf" and drawn[1].resumed_on is not None
+    rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_preemption_matrix.py -k drawn_preemption"
     _judged(runner, seed, drawn, rerun)
 
 

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from . import processes
+from . import layout_chains, processes
 from .chains import Leg, run_chain
 from .data_setups import COMBINED_SIZES, STREAM_SIZE
 from .harness import FIELDS, RUN_TIMEOUT_S, Records, Runner, Scenario, read_records
-from .matrix import elsewhere_mismatches
+from .layout_chains import HF_LAYOUT_CHAIN_SEEDS, draw_litdata_chain, litdata_chain_problems, stream_plans
+from .matrix import case_problems, described, draw_case, elsewhere_mismatches, seeds
 
 STREAMS = [
     Scenario(world_size=2, num_workers=0, loader="DataLoader", data="stream", stop_kind="batch_end"),
@@ -231,3 +232,34 @@ def test_a_hugging_face_stream_resumed_on_another_layout_goes_on_in_the_interrup
     their saved states), each with what ``map`` drew for it; the next epochs are what a fresh run of the new layout
     reads."""
     assert elsewhere_mismatches(runner, runner.run(scenario)) == []
+
+
+@pytest.mark.parametrize("seed", seeds(fixed=HF_LAYOUT_CHAIN_SEEDS))
+def test_a_drawn_chain_of_hugging_face_layouts_resumes_exactly(runner: Runner, seed: int) -> None:
+    """Issue 55: a Hugging Face stream (shuffled through a buffer of 8) interrupted one to three times, each resume on
+    a layout drawn anew (world size, batch size, 0 to 3 workers, kept workers; drawn as LitData's chains are),
+    every epoch judged against a fresh run of the layout that began it. ``E2E_MATRIX_SEEDS`` draws others."""
+    chain = draw_litdata_chain(seed, stream_plans(runner, "hf"), data="hf")
+    where = f"seed {seed} ({layout_chains.described(chain.layouts)}; {described(chain.legs)})"
+    problems = litdata_chain_problems(runner, chain, runner.root / f"hf-layout-chain{seed}")
+    rerun = (
+        f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_streams_and_loaders.py -k hugging_face_layouts"
+    )
+    assert problems == [], f"{where} is not exact; rerun: {rerun}\n" + "\n".join(problems[:6])
+
+
+HF_MOVED_SEEDS = (2000075, 2000227)
+"""Matrix cases of a Hugging Face stream requeued on another allocation (issue 55): 2000075, 2 workers -> 3, stopped
+at an epoch's last batch, the steps not reseeded; 2000227, 1 process -> 2, stopped at a validation in the first
+epoch."""
+
+
+@pytest.mark.parametrize("seed", HF_MOVED_SEEDS)
+def test_a_drawn_hugging_face_case_on_another_layout_goes_on_in_the_interrupted_epochs_order(
+    runner: Runner, seed: int
+) -> None:
+    scenario, reference = draw_case(seed)
+    moved = (scenario.resume_world_size, scenario.resume_num_workers, scenario.resume_batch_size)
+    assert scenario.data == "hf" and moved != (None, None, None)
+    problems = case_problems(runner, scenario, reference)
+    assert problems == [], f"seed {seed} ({scenario.label()})\n" + "\n".join(problems[:6])

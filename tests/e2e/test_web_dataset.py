@@ -15,7 +15,7 @@ import pytest
 from . import layout_chains
 from .data_setups import STREAM_SIZE
 from .harness import FIELDS, Records, Runner, Scenario, check_run_exits
-from .layout_chains import WEB_LAYOUT_CHAIN_SEEDS, draw_litdata_chain, litdata_chain_problems, web_plans
+from .layout_chains import WEB_LAYOUT_CHAIN_SEEDS, draw_litdata_chain, litdata_chain_problems, stream_plans
 from .matrix import (
     case_problems,
     chain_problems,
@@ -135,7 +135,7 @@ def test_a_drawn_chain_of_web_dataset_layouts_resumes_exactly(runner: Runner, se
     batch size, 0 to 3 workers, kept workers; drawn as LitData's chains are, `layout_chains.draw_litdata_chain`),
     every epoch judged against a fresh run of the layout that began it. ``E2E_MATRIX_SOAK``/``E2E_MATRIX_SEEDS`` draw
     others."""
-    chain = draw_litdata_chain(seed, web_plans(runner), data="wds")
+    chain = draw_litdata_chain(seed, stream_plans(runner, "wds"), data="wds")
     where = f"seed {seed} ({layout_chains.described(chain.layouts)}; {described(chain.legs)})"
     problems = litdata_chain_problems(runner, chain, runner.root / f"web-layout-chain{seed}")
     rerun = f"E2E_MATRIX_SEEDS={seed} python -m pytest -m e2e tests/e2e/test_web_dataset.py -k web_dataset_layouts"
