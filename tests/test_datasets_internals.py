@@ -224,3 +224,18 @@ def _places(state: Any) -> list[dict[str, Any]]:
     if isinstance(state, (list, tuple)):
         return [place for value in state for place in _places(value)]
     return []
+
+
+def test_a_copy_split_as_another_rank_reads_that_ranks_share_and_leaves_the_stream_as_it_was() -> None:
+    """`split_as` (a Hugging Face stream resumed on another layout reads another rank's share): ``_distributed``,
+    the split ``split_dataset_by_node`` records, is a dataclass of the rank and the world size, read as the stream
+    iterates, with either strategy."""
+    from lightning_resumable.readers.hugging_face import split_as
+
+    for strategy, shards in (("shards", 8), ("examples", 3)):
+        rows = datasets.Dataset.from_dict({"id": list(range(24))}).to_iterable_dataset(num_shards=shards)
+        mine = split_dataset_by_node(rows, rank=0, world_size=1, strategy=strategy)
+        for rank in range(2):
+            theirs = [row["id"] for row in split_dataset_by_node(rows, rank=rank, world_size=2, strategy=strategy)]
+            assert [row["id"] for row in split_as(mine, rank, 2)] == theirs
+        assert [row["id"] for row in mine] == list(range(24)), "the stream split as another is left as it was"

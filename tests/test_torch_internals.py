@@ -145,3 +145,21 @@ def test_workers_take_turns_and_one_that_runs_out_is_passed_over_whatever_the_pr
     for prefetch in (1, 3):
         loader = DataLoader(_Uneven(), batch_size=batch_size, num_workers=3, prefetch_factor=prefetch)
         assert [batch.tolist() for batch in loader] == expected, prefetch
+
+
+def test_a_stream_read_as_another_worker_sees_that_workers_info_while_it_reads_and_its_own_after() -> None:
+    """`read_as_worker` (a stream resumed on another layout reads another layout's worker's share): torch's
+    ``get_worker_info()`` answers from ``_utils.worker._worker_info``, a ``WorkerInfo`` of ``id`` and ``num_workers``,
+    whatever the reading process is."""
+    from torch.utils.data import get_worker_info
+
+    from lightning_resumable.internals._torch import read_as_worker
+
+    def seen() -> Any:
+        while True:
+            info = get_worker_info()
+            yield None if info is None else (info.id, info.num_workers)
+
+    assert list(zip(range(2), read_as_worker(seen(), 2, 3, None), strict=False)) == [(0, (2, 3)), (1, (2, 3))]
+    assert next(read_as_worker(seen(), None, 0, None)) is None
+    assert get_worker_info() is None, "the process's own answer again"
