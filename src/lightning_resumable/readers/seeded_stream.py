@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from lightning_resumable.core import randomness
 from lightning_resumable.format._keys import stream_key, stream_sample_seed
+from lightning_resumable.readers.elsewhere_plan import sequence_from_state
 from lightning_resumable.readers.hugging_face import read_as_saved
 from lightning_resumable.readers.stream_elsewhere import (
     STREAM_ELSEWHERE,
@@ -24,7 +25,6 @@ from lightning_resumable.readers.stream_elsewhere import (
     Layout,
     Partitions,
     rest_items,
-    sequence_from_state,
 )
 
 __all__ = ["SeededStream"]

@@ -46,12 +46,13 @@ from lightning_resumable.internals._torchdata import (
     torchdata_version,
 )
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
+from lightning_resumable.readers.elsewhere_plan import resume_plan
 from lightning_resumable.readers.hf_partitions import hf_partitions
 from lightning_resumable.readers.hugging_face import take_over_buffers
 from lightning_resumable.readers.recording import FRESH_PASS, PassRecord
 from lightning_resumable.readers.seeded_stream import SeededStream
 from lightning_resumable.readers.settings import TORCH_SETTINGS, forwarded_settings
-from lightning_resumable.readers.stream_elsewhere import STREAM_ELSEWHERE, Layout, Partitions, resume_plan
+from lightning_resumable.readers.stream_elsewhere import STREAM_ELSEWHERE, Layout, Partitions
 from lightning_resumable.readers.workers import (
     forking,
     retire,
