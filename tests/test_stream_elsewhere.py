@@ -89,10 +89,10 @@ PIPELINES["dropping a sample"] = lambda urls: (
 Layout = tuple[int, int, int]  # processes, workers, batch size (ignored for a pipeline batched in itself)
 
 
-def hf_rows(shards: list[int]) -> Any:
+def hf_rows(shards: list[int], first: int = 0) -> Any:
     for shard in shards:
         for row in range(PER_SHARD):
-            yield {"txt": str(shard * PER_SHARD + row)}
+            yield {"txt": str(first + shard * PER_SHARD + row)}
 
 
 def hf_stream(strategy: str, rank: int, world: int) -> Any:
@@ -124,7 +124,25 @@ def ids_of_rows(rows: list[dict[str, Any]]) -> list[int]:
     return [int(row["id"]) for row in rows]
 
 
+def hf_interleaved(rank: int, world: int) -> Any:
+    """Two shuffled streams of 8 shards each interleaved at random (``interleave_datasets``), drawn in ``map`` after
+    it, split by node."""
+    import datasets
+    from datasets import IterableDataset as HFIterableDataset
+    from datasets.distributed import split_dataset_by_node
+
+    sources = [
+        HFIterableDataset.from_generator(hf_rows, gen_kwargs={"shards": list(range(SHARDS)), "first": first}).shuffle(
+            seed, buffer_size=3
+        )
+        for seed, first in ((3, 0), (4, 100))
+    ]
+    mixed = datasets.interleave_datasets(sources, probabilities=[0.3, 0.7], seed=9).map(drawn_row)
+    return split_dataset_by_node(mixed, rank=rank, world_size=world)
+
+
 STREAMS = {
+    "hugging face interleaved": hf_interleaved,
     "hugging face": lambda rank, world: hf_stream("auto", rank, world),
     "hugging face split by examples": lambda rank, world: hf_stream("examples", rank, world),
     "hugging face as arrow": hf_arrow_stream,
@@ -207,6 +225,7 @@ def assert_goes_on(before: list[Any], after: list[Any], full: list[Any], global_
 
 
 CASES = [
+    ("hugging face interleaved", (2, 2, 4), 3, (1, 3, 2)),
     ("hugging face", (2, 2, 4), 2, (1, 0, 4)),
     ("hugging face", (2, 2, 3), 3, (4, 1, 2)),
     ("hugging face", (1, 0, 4), 3, (2, 2, 2)),
@@ -226,7 +245,8 @@ def test_the_epoch_goes_on_in_the_first_layouts_global_order(
 ) -> None:
     urls = [] if form in STREAMS else request.getfixturevalue("urls")
     full = global_sequence([list(loader(urls, form, rank, first)) for rank in range(first[0])])
-    assert sorted(map(sample_id, full)) == list(range(SHARDS * PER_SHARD))
+    if form != "hugging face interleaved":  # (drawn from both sources until the first runs out)
+        assert sorted(map(sample_id, full)) == list(range(SHARDS * PER_SHARD))
     read, saved = stopped(urls, form, first, batches)
     after = resumed(urls, form, new, saved)
     assert len({len(each) for each in after}) == 1, "every rank has as many batches (DDP steps together)"

@@ -18,7 +18,7 @@ import pytest
 from . import layout_chains, processes
 from .chains import Leg, run_chain
 from .data_setups import COMBINED_SIZES, STREAM_SIZE
-from .harness import FIELDS, RUN_TIMEOUT_S, Records, Runner, Scenario, read_records
+from .harness import FIELDS, RUN_TIMEOUT_S, Outcome, Records, Runner, Scenario, read_records
 from .layout_chains import HF_LAYOUT_CHAIN_SEEDS, draw_litdata_chain, litdata_chain_problems, stream_plans
 from .matrix import case_problems, described, draw_case, elsewhere_mismatches, seeds
 
@@ -263,3 +263,22 @@ def test_a_drawn_hugging_face_case_on_another_layout_goes_on_in_the_interrupted_
     assert scenario.data == "hf" and moved != (None, None, None)
     problems = case_problems(runner, scenario, reference)
     assert problems == [], f"seed {seed} ({scenario.label()})\n" + "\n".join(problems[:6])
+
+
+@pytest.mark.parametrize("data", ["hf", "wds"])
+def test_a_stream_on_other_workers_trains_the_interrupted_epoch_as_the_uninterrupted_run_loss_bits_too(
+    runner: Runner, data: str
+) -> None:
+    """Issue 55 on the same world size and batch size with other workers (2 -> 1): the interrupted epoch's steps are
+    the uninterrupted run's, ids, augmentations and loss bits; the next epochs are the new layout's own."""
+    if data == "wds":
+        pytest.importorskip("webdataset")
+    scenario = Scenario(world_size=2, num_workers=2, data=data, shuffle_buffer=5, resume_num_workers=1)
+    outcome = runner.run(scenario)
+
+    def interrupted(records: Records) -> Records:
+        return {rank: [r for r in steps if r["epoch"] <= scenario.stop_epoch] for rank, steps in records.items()}
+
+    epoch = Outcome(scenario, interrupted(outcome.full), interrupted(outcome.stopped), interrupted(outcome.resumed))
+    assert epoch.stream_mismatches(FIELDS) == []
+    assert elsewhere_mismatches(runner, outcome) == []
