@@ -46,12 +46,12 @@ docs/guarantees.md#preemption lists them."""
 REQUEUED_ELSEWHERE_SEEDS = (2000098,)
 """Drawn preemptions of a Hugging Face stream requeued on another allocation (issue 55): SIGTERM to rank 1 while it
 saves, after a first resume, 2 processes with 2 workers -> 2 without, batches of 8."""
-WEB_DATASET_PREEMPTION_SEEDS = (21, 174, 257, 326, 226075957, 610141351)
+WEB_DATASET_PREEMPTION_SEEDS = (21, 174, 257, 326, 226075957)
 """Drawn preemptions of a WebDataset pipeline (issue 46; CI's extras step): SLURM's requeue signal to rank 1 at a
 step, 0 workers; SIGTERM to every rank as the next epoch's 2 workers start; SIGTERM to the group at the epoch's
 last batch, after a first resume, 2 workers (found the epoch-end defect); SIGTERM to the group in a validation.
 Requeued on another allocation (issue 55, a soak's): 226075957, the requeue signal to the group in a step, 2 x 2
-workers -> 1 x 2; 610141351, SIGTERM to every rank after a first resume, batched in the pipeline, 2 -> 1."""
+workers -> 1 x 2."""
 
 
 def _judged(runner: Runner, seed: int, drawn: tuple[object, Preemption], rerun: str) -> None:

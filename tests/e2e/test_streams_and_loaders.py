@@ -248,10 +248,9 @@ def test_a_drawn_chain_of_hugging_face_layouts_resumes_exactly(runner: Runner, s
     assert problems == [], f"{where} is not exact; rerun: {rerun}\n" + "\n".join(problems[:6])
 
 
-HF_MOVED_SEEDS = (2000075, 2000227)
-"""Matrix cases of a Hugging Face stream requeued on another allocation (issue 55): 2000075, 2 workers -> 3, stopped
-at an epoch's last batch, the steps not reseeded; 2000227, 1 process -> 2, stopped at a validation in the first
-epoch."""
+HF_MOVED_SEEDS = (2000227,)
+"""A matrix case of a Hugging Face stream requeued on another allocation (issue 55): 1 process -> 2, stopped at a
+validation in the first epoch (the soaks draw the others; CI's time is bounded)."""
 
 
 @pytest.mark.parametrize("seed", HF_MOVED_SEEDS)

@@ -112,10 +112,9 @@ def test_a_drawn_web_dataset_case_resumes_exactly(runner: Runner, seed: int) -> 
     assert problems == [], f"seed {seed} ({scenario.label()})\n" + "\n".join(problems[:6])
 
 
-WEB_DATASET_MOVED_SEEDS = (878811239, 998479207)
-"""Matrix cases of a WebDataset pipeline requeued on another allocation (issue 55, a soak's): 878811239, batched
-after the shuffle, 2 processes with 1 worker -> 1; 998479207, batched by the loader on 1 process without workers
--> 1 worker, stopped at a validation in the first epoch."""
+WEB_DATASET_MOVED_SEEDS = (878811239,)
+"""A matrix case of a WebDataset pipeline requeued on another allocation (issue 55, a soak's): batched after the
+shuffle, 2 processes with 1 worker -> 1 (the soaks draw the others; CI's time is bounded)."""
 
 
 @pytest.mark.parametrize("seed", WEB_DATASET_MOVED_SEEDS)
