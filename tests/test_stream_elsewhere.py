@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_resumable import IncompatibleStateError
+from lightning_resumable import IncompatibleStateError, WorkerCountChangedError, WorldSizeChangedError
 from lightning_resumable.format.envelope import StreamState
 from lightning_resumable.readers.build import make_resumable
 from lightning_resumable.readers.stream_elsewhere import STREAM_ELSEWHERE
@@ -328,3 +328,15 @@ def test_a_resume_inside_the_last_global_batch_pads_it_as_the_run_before_did(url
     assert [len(batches) for batches in whole] == [3, 3]
     _, again = stopped(urls, form, second, 5, saved)
     assert resumed(urls, form, second, again) == [batches[2:] for batches in whole]
+
+
+def test_a_resuming_loader_that_drops_its_last_partial_batches_is_refused_on_another_layout_saying_so(
+    urls: list[str],
+) -> None:
+    _, saved = stopped(urls, "drawn after the shuffle", (2, 2, 4), 2)
+    plain = DataLoader(PIPELINES["drawn after the shuffle"](urls), batch_size=4, num_workers=1, drop_last=True)
+    dropping = make_resumable(plain, seed=SEED, num_replicas=1, rank=0, epoch_source=lambda: EPOCH)
+    with pytest.raises(WorldSizeChangedError, match="drop_last=True"):
+        dropping.state_for_rank(saved, 0, 1)
+    with pytest.raises(WorkerCountChangedError, match="drop_last=True"):
+        dropping.state_for_rank(saved, 0, 2)

@@ -148,6 +148,8 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
         dataset declares it global (then every rank restores rank 0's state) or reads it in its own order."""
         if saved.global_position or self.resumes_on_any_layout:
             return None
+        if self.dataset.resumes_on_any_layout:  # but for drop_last
+            return _DROPS_LAST + f". Resume on {saved.world_size} processes, or with drop_last=False"
         return (
             "a stream's position is per rank (each rank reads its own shard), so it means other data on another"
             f" world size. Resume on {saved.world_size} processes, or give the dataset {GLOBAL_POSITION_ATTRIBUTE}"
@@ -183,10 +185,11 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
                 f" Install torchdata>={saved.torchdata}"
             )
         if self.num_workers != saved.num_workers:
+            why = _DROPS_LAST if self.dataset.resumes_on_any_layout else "each worker reads its own slice of the stream"
             raise WorkerCountChangedError(
                 f"the checkpoint's stream state was written with num_workers={saved.num_workers} per process and"
-                f" resumes with num_workers={self.num_workers}: each worker reads its own slice of the stream, so"
-                f" the saved worker states mean other data. Resume with num_workers={saved.num_workers}"
+                f" resumes with num_workers={self.num_workers}: {why}, so the saved worker states mean other data."
+                f" Resume with num_workers={saved.num_workers}"
             )
         for each, state in enumerate(saved.ranks):  # every rank checks them all
             check_loader_state(state, saved.num_workers, each)
@@ -231,6 +234,12 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
 
     def continues_elsewhere(self, state: Mapping[str, Any]) -> bool:
         return FRESH_PASS not in state  # a fresh pass on another layout reads that layout's own order
+
+
+_DROPS_LAST = (
+    "the loader drops each worker's last partial batch (drop_last=True), which another layout's workers would not"
+    " drop where this one's did"
+)
 
 
 def recognises(loader: object) -> bool:
