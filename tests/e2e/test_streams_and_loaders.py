@@ -215,12 +215,13 @@ HF_ELSEWHERE = [
         persistent_workers=True,
     ),
     Scenario(world_size=2, data="hf", stop_kind="last_batch", resume_world_size=1),
+    Scenario(world_size=2, data="hf", shuffle_buffer=8, resume_world_size=4),
 ]  # fmt: skip
 """Issue 55: a Hugging Face stream requeued on another allocation: 2 processes with 2 workers -> 1 without (shuffled
 through a buffer of 8); -> 1 worker and batches of 6 (a stop at a validation); read as Arrow tables and augmented in
 the collate, 2 processes without workers -> 1 with 2, the same batches of 4 (the collate draws as the first layout's
 did: each item read under its own seed leaves the generators as its reading did); 1 process with 2 workers -> 2 with
-batches of 2 and workers kept; an epoch's last batch, 2 -> 1 (not shuffled)."""
+batches of 2 and workers kept; an epoch's last batch, 2 -> 1 (not shuffled); 2 processes -> 4 (batches of 2)."""
 
 
 @pytest.mark.parametrize("scenario", HF_ELSEWHERE, ids=[s.label() for s in HF_ELSEWHERE])

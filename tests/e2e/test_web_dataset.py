@@ -183,6 +183,7 @@ ELSEWHERE = [
         persistent_workers=True,
     ),
     Scenario(world_size=2, data="wds", shuffle_buffer=5, stop_kind="last_batch", resume_world_size=1),
+    Scenario(world_size=2, num_workers=1, data="wds", shuffle_buffer=5, resume_world_size=4),
     Scenario(
         world_size=2,
         num_workers=2,
@@ -195,7 +196,8 @@ ELSEWHERE = [
 ]
 """Issue 55: a WebDataset pipeline requeued on another allocation: 2 processes with 2 workers -> 1 without, -> 2
 with 3 workers and batches of 6; 1 process with 3 workers -> 2 with batches of 2 and workers kept (a stop at a
-validation); an epoch's last batch, 2 -> 1; batched in the pipeline, 2 -> 1."""
+validation); an epoch's last batch, 2 -> 1; 2 processes with 1 worker -> 4 (batches of 2); batched in the
+pipeline, 2 -> 1."""
 
 
 @pytest.mark.parametrize("scenario", ELSEWHERE, ids=[s.label() for s in ELSEWHERE])
