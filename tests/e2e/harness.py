@@ -262,7 +262,16 @@ class Scenario:
             for field in dataclass_fields(self)
             if field.name not in _NAMED_IN_LABEL and getattr(self, field.name) != field.default
         ]
-        return "-".join(parts)
+        label = "-".join(parts)
+        if len(label) <= _LONGEST_LABEL:
+            return label
+        # A run directory is named by its label, and a file name holds 255 bytes (a soak's case of 265 failed to
+        # make its directory): cut, with a digest of the whole that keeps two scenarios apart.
+        return label[: _LONGEST_LABEL - 17] + "-" + hashlib.blake2b(label.encode(), digest_size=8).hexdigest()
+
+
+_LONGEST_LABEL = 200
+"""Of a scenario's label (`Scenario.label`): the run directories it names get a prefix (``full-``, ``exit-``...)."""
 
 
 _NAMED_IN_LABEL = {
