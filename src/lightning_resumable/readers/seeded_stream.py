@@ -132,7 +132,7 @@ class SeededStream(IterableDataset[Any]):
         return self.partitions is not None
 
     def resume_elsewhere(self, plan: Mapping[str, Any]) -> None:
-        """Read the rest of ``plan``'s epoch (`lightning_resumable.readers.stream_elsewhere.resume_plan`) in the next
+        """Read the rest of ``plan``'s epoch (`lightning_resumable.readers.elsewhere_plan.resume_plan`) in the next
         pass: its first layout's global order, dealt to this layout."""
         self._elsewhere = copy.deepcopy(dict(plan))
 
