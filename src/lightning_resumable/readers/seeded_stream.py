@@ -154,8 +154,10 @@ class SeededStream(IterableDataset[Any]):
     def state_dict(self) -> dict[str, Any]:
         if self._going_on:
             assert self._elsewhere is not None
-            sequence = self._sequence.to_state() if self._sequence is not None else self._elsewhere["sequence"]
-            place = {**self._elsewhere, "sequence": copy.deepcopy(sequence)}
+            sequence = (
+                self._sequence.to_state() if self._sequence is not None else copy.deepcopy(self._elsewhere["sequence"])
+            )
+            place = {**self._elsewhere, "sequence": sequence}
             return {"stream": {"epoch": self.epoch, STREAM_ELSEWHERE: place}, "yielded": self._yielded}
         restored = self._restored if self._restored is not None else self._pass_restored
         if restored is not None:  # restored, not read from yet: a Hugging Face stream would report the

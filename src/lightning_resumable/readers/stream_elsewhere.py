@@ -156,11 +156,6 @@ class GlobalSequence:
         self._readers: dict[int, Opened] = {}  # the partitions opened
 
     @property
-    def position(self) -> int:
-        """The items of the epoch's global sequence read (those before the first resume included)."""
-        return sum(partition.read for partition in self.partitions)
-
-    @property
     def ended(self) -> bool:
         return all(partition.ended for partition in self.partitions)
 
@@ -256,11 +251,16 @@ class GlobalSequence:
         return item
 
     def to_state(self) -> dict[str, Any]:
-        for number, (_, place) in self._readers.items():
-            self.partitions[number].place = place()
+        """The sequence's place, shared with nothing it reads on with (taken before each batch: one copy of each
+        partition's place, the opened ones' from their readers)."""
+        opened = {number: place() for number, (_, place) in self._readers.items()}  # copies already
+        partitions = [
+            [opened[number], each.read, each.batches, each.ended] if number in opened else each.to_state()
+            for number, each in enumerate(self.partitions)
+        ]
         return {
             "first": [self.first.world_size, self.first.num_workers, self.first.batch_size],
-            "partitions": [partition.to_state() for partition in self.partitions],
+            "partitions": partitions,
             "turn": self.turn,
             "current": list(self.current) if self.current is not None else None,
         }
