@@ -62,3 +62,19 @@ def test_losses_on_three_processes_may_differ_in_their_last_bits_and_nothing_els
     assert outcome(2, last_bit).differing_fields() == {"loss"}, "bit for bit on two processes"
     assert outcome(3, 0.0335).differing_fields() == {"loss"}, "a wrong step is still told apart"
     assert outcome(3, last_bit, ids=1).differing_fields() == {"ids"}
+
+
+def test_a_long_label_is_cut_with_a_digest_that_keeps_two_scenarios_apart() -> None:
+    """A run directory is named by its scenario's label (a soak's case of 265 characters could not make one)."""
+    long = Scenario(
+        world_size=2, num_workers=1, data="wds", shuffle_buffer=3, wds_form="batched-before", resume_world_size=1,
+        resume_num_workers=2, resume_batch_size=4, evaluate_before_resume=True, extra_saves_every=1,
+        manual_optimization=True, val_loader="shuffled", start_method="default:spawn",
+        callback_options=(("seed_steps", False),),
+    )  # fmt: skip
+    other = replace(long, val_loader="batch_sampler")  # differs past the cut
+    assert len(long.label()) == len(other.label()) == 200
+    assert long.label()[:120] == other.label()[:120] and long.label() != other.label()
+    assert Scenario(world_size=2).label() == "W2-workers0-DataLoader-shuffle-keeplast-batch_end", (
+        "short labels as before"
+    )
