@@ -181,7 +181,7 @@ def stream_loader(num_workers: int, epoch: int | list[int] = 0) -> StreamLoader:
     user = DataLoader(Counting(), batch_size=2, num_workers=num_workers)
     cell = epoch if isinstance(epoch, list) else [epoch]
     return make_stream_resumable(
-        user, seed=5, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: cell[0]
+        user, seed=5, rank=0, world_size=1, seed_samples=True, restore_globals=True, epoch_source=lambda: cell[0]
     )
 
 

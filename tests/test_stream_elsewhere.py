@@ -33,6 +33,10 @@ SEED, EPOCH = 5, 1
 @pytest.fixture(scope="module")
 def urls(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """8 tar shards of 5 samples (an id each): 40 samples, which many layouts do not divide."""
+    return write_shards(tmp_path_factory)
+
+
+def write_shards(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     if wds is None:
         pytest.skip("webdataset is not installed (CI's extras step runs these)")
     directory = tmp_path_factory.mktemp("shards")

@@ -74,6 +74,7 @@ class HandsOutItsLiveState(IterableDataset[torch.Tensor]):
 FOR_A_TEST: dict[str, Any] = {
     "seed": 5,
     "rank": 0,
+    "world_size": 1,
     "seed_samples": True,
     "restore_globals": True,
     "epoch_source": lambda: 0,
@@ -125,16 +126,14 @@ def test_sample_seeds_differ_by_rank_worker_epoch_and_count() -> None:
 
 def test_a_stateless_stream_is_refused() -> None:
     with pytest.raises(UnsupportedLoaderError, match="without state_dict/load_state_dict"):
-        make_stream_resumable(
-            DataLoader(Stateless()), seed=0, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: 0
-        )
+        make_stream_resumable(DataLoader(Stateless()), **FOR_A_TEST)
 
 
 def test_a_stream_loader_out_of_order_is_refused() -> None:
     """docs/streams-and-loaders.md: ``in_order=False`` hands out batches as workers finish them: no order to resume."""
     user = DataLoader(Counting(), batch_size=2, num_workers=1, in_order=False)
     with pytest.raises(UnsupportedLoaderError, match="in_order=False"):
-        make_stream_resumable(user, seed=0, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: 0)
+        make_stream_resumable(user, **FOR_A_TEST)
 
 
 class EpochStream(IterableDataset[torch.Tensor]):
@@ -166,7 +165,7 @@ class EpochStream(IterableDataset[torch.Tensor]):
 def epoch_loader(persistent: bool, cell: list[int]) -> Any:
     user = DataLoader(EpochStream(), batch_size=2, num_workers=2, persistent_workers=persistent)
     return make_stream_resumable(
-        user, seed=5, rank=0, seed_samples=True, restore_globals=True, epoch_source=lambda: cell[0]
+        user, seed=5, rank=0, world_size=1, seed_samples=True, restore_globals=True, epoch_source=lambda: cell[0]
     )
 
 

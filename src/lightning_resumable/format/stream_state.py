@@ -12,10 +12,13 @@ from lightning_resumable.errors import StateFormatError
 from lightning_resumable.format._parsing import Kind, is_digest, mapping_of, require_keys
 from lightning_resumable.internals._torchdata import torchdata_release
 
-__all__ = ["GLOBAL_POSITION_ATTRIBUTE", "STREAM_STATE_VERSION", "StreamState"]
+__all__ = ["GLOBAL_POSITION_ATTRIBUTE", "STREAM_ORDER_ATTRIBUTE", "STREAM_STATE_VERSION", "StreamState"]
 
 GLOBAL_POSITION_ATTRIBUTE = "resumable_global_position"
 """A stream dataset's attribute: ``True`` declares its state the same on every rank and valid on any world size."""
+STREAM_ORDER_ATTRIBUTE = "resumable_stream_order"
+"""A stream dataset's attribute: ``(world_size, num_workers, batch_size)``, the layout whose global order every epoch
+begun is read in, on any layout (`lightning_resumable.readers.elsewhere_plan.declared_order`)."""
 STREAM_STATE_VERSION = 5
 # Version 1 (never released) had no torchdata version; 1 and 2 (0.2.x) no next-batch digests nor reader; 1 to 3 no
 # batch size; 1 to 4 no digests of the next batch's samples.

@@ -5,7 +5,8 @@ Promise: `resume_plan` takes, from every worker's saved stream state, the first 
 sequence (each first-layout worker's stream at its saved place, at the checkpoint's count of batches), or, inside an
 epoch already going on elsewhere, the place of the worker that read the last batch trained (the one at the
 checkpoint's global position); `sequence_from_state` opens the `GlobalSequence` at a plan's place, refusing a
-malformed one.
+malformed one; `fresh_plan` is an epoch begun on one layout and read in another's order from its start (a stream that
+declares its order: `declared_order`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lightning_resumable.errors import IncompatibleStateError, StateFormatError
+from lightning_resumable.errors import IncompatibleStateError, StateFormatError, UnsupportedLoaderError
+from lightning_resumable.format.stream_state import STREAM_ORDER_ATTRIBUTE
 from lightning_resumable.readers.stream_elsewhere import (
     STREAM_ELSEWHERE,
     GlobalSequence,
@@ -23,7 +25,12 @@ from lightning_resumable.readers.stream_elsewhere import (
     Partitions,
 )
 
-__all__ = ["resume_plan", "sequence_from_state"]
+__all__ = ["DROPS_LAST", "declared_order", "fresh_plan", "resume_plan", "sequence_from_state"]
+
+DROPS_LAST = (
+    "the loader drops each worker's last partial batch (drop_last=True), which another layout's workers would not"
+    " drop where this one's did"
+)
 
 
 def resume_plan(
@@ -83,6 +90,58 @@ def resume_plan(
         f"no worker's stream state is at the checkpoint's global position ({target} items of the epoch):"
         " the checkpoint's states do not belong together"
     )
+
+
+def declared_order(loader: Any, dataset: Any, readable: bool) -> Layout | None:
+    """The layout whose global order every epoch begun is read in, whatever the layout reading it (as Mosaic's
+    canonical nodes fix its order), that a ``loader``'s stream declares (`STREAM_ORDER_ATTRIBUTE`: ``(world_size,
+    num_workers, batch_size)``, ``batch_size`` ``None`` for a stream batched in its pipeline) on ``loader.dataset`` or
+    ``dataset`` (a library's stream taken over); ``None``: each epoch begun is the reading layout's own.
+    ``readable``: the stream's first-layout workers' streams can be opened anywhere.
+
+    Raises:
+        UnsupportedLoaderError: it is not such a layout, batches otherwise than the loader, or the stream cannot be
+            read in another layout's order.
+    """
+    found = (getattr(each, STREAM_ORDER_ATTRIBUTE, None) for each in (loader.dataset, dataset))
+    value = next((each for each in found if each is not None), None)
+    if value is None:
+        return None
+    valid = isinstance(value, tuple | list) and len(value) == 3
+    world_size, num_workers, batch_size = value if valid else (0, 0, 0)
+    valid = valid and all(type(each) is int for each in (world_size, num_workers)) and world_size >= 1
+    valid = valid and num_workers >= 0 and (batch_size is None or (type(batch_size) is int and batch_size >= 1))
+    if not valid:
+        raise UnsupportedLoaderError(
+            f"the stream's {STREAM_ORDER_ATTRIBUTE} is {value!r:.100}: give (world_size, num_workers, batch_size), the"
+            " layout of the run's first launch, batch_size None for a stream batched in its pipeline"
+        )
+    if (batch_size is None) != (loader.batch_size is None):
+        raise UnsupportedLoaderError(
+            f"the stream's {STREAM_ORDER_ATTRIBUTE} has batch_size={batch_size} and its loader"
+            f" batch_size={loader.batch_size}: a stream batched in its pipeline reads batches, one batched by the"
+            " loader samples, so one cannot be read in the other's order"
+        )
+    if not readable:
+        raise UnsupportedLoaderError(
+            f"the stream declares {STREAM_ORDER_ATTRIBUTE}, but only a Hugging Face stream's or a WebDataset"
+            f" pipeline's workers' streams can be read on another layout ({type(dataset).__name__}'s state is its own)"
+        )
+    if loader.drop_last:
+        raise UnsupportedLoaderError(
+            f"the stream declares {STREAM_ORDER_ATTRIBUTE} and its loader drop_last=True: {DROPS_LAST}. Pass"
+            " drop_last=False"
+        )
+    return Layout(world_size, num_workers, batch_size or 1)
+
+
+def fresh_plan(epoch: int, order: Layout, layout: Layout) -> dict[str, Any]:
+    """The plan of ``epoch`` begun on ``layout`` and read in ``order``'s global order from its start, as
+    `resume_plan`'s: every partition of ``order`` at its start."""
+    partitions = [Partition(None).to_state() for _ in range(order.world_size * order.workers)]
+    first = [order.world_size, order.num_workers, order.batch_size]
+    sequence = {"first": first, "partitions": partitions, "turn": 0, "current": None}
+    return {"epoch": epoch, "sequence": sequence, "start": 0, "batches": 0, **_layout(layout)}
 
 
 def _layout(layout: Layout) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from lightning_resumable.core import randomness
 from lightning_resumable.format._keys import stream_key, stream_sample_seed
-from lightning_resumable.readers.elsewhere_plan import sequence_from_state
+from lightning_resumable.readers.elsewhere_plan import fresh_plan, sequence_from_state
 from lightning_resumable.readers.hugging_face import read_as_saved
 from lightning_resumable.readers.stream_elsewhere import (
     STREAM_ELSEWHERE,
@@ -46,6 +46,8 @@ class SeededStream(IterableDataset[Any]):
         partitions: where the stream's first-layout workers' streams can be opened anywhere (a WebDataset pipeline's,
             a Hugging Face stream's): an epoch resumed on another layout goes on in its order
             (`lightning_resumable.readers.stream_elsewhere`).
+        order: the layout whose global order every epoch begun is read in (the stream's declared one:
+            `lightning_resumable.readers.elsewhere_plan.declared_order`; needs ``partitions``); ``layout``: this one.
     """
 
     def __init__(
@@ -56,6 +58,8 @@ class SeededStream(IterableDataset[Any]):
         seed_globals: bool = True,
         restore_globals: bool = True,
         partitions: Partitions | None = None,
+        order: Layout | None = None,
+        layout: Layout | None = None,
     ) -> None:
         self.dataset = dataset
         self.seed = seed
@@ -68,7 +72,7 @@ class SeededStream(IterableDataset[Any]):
         self._yielded = 0
         self._restored: dict[str, Any] | None = None  # a state loaded, for the next pass
         self._pass_restored: dict[str, Any] | None = None  # this pass's restored state, until it reads on from it
-        self.partitions = partitions
+        self.partitions, self.order, self.layout = partitions, order, layout
         self._elsewhere: dict[str, Any] | None = None  # an epoch going on in another layout's order: its plan
         self._sequence: GlobalSequence | None = None  # that epoch's global sequence, as this copy reads it
 
@@ -108,6 +112,9 @@ class SeededStream(IterableDataset[Any]):
         self._pass_restored, self._restored = self._restored, None  # a restore is the next pass's, none later
         self._yielded = int(self._pass_restored["yielded"]) if self._pass_restored is not None else 0
         restore = self.seed_globals and self.restore_globals and worker is None
+        if self.reads_in_order and self._pass_restored is None and not self._going_on:  # an epoch begun here
+            assert self.order is not None and self.layout is not None
+            self._elsewhere = fresh_plan(self.epoch, self.order, self.layout)
         source = self._rest(worker.id if worker is not None else 0) if self._going_on else iter(self.dataset)
         while True:
             seed = stream_sample_seed(key, self._yielded)
@@ -130,6 +137,11 @@ class SeededStream(IterableDataset[Any]):
     def resumes_on_any_layout(self) -> bool:
         """Whether an epoch resumes on another world size, number of workers or batch size, in its order."""
         return self.partitions is not None
+
+    @property
+    def reads_in_order(self) -> bool:
+        """Whether each epoch begun on this layout is read in another layout's declared order."""
+        return self.order is not None and self.order != self.layout
 
     def resume_elsewhere(self, plan: Mapping[str, Any]) -> None:
         """Read the rest of ``plan``'s epoch (`lightning_resumable.readers.elsewhere_plan.resume_plan`) in the next

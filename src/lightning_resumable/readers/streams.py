@@ -46,7 +46,7 @@ from lightning_resumable.internals._torchdata import (
     torchdata_version,
 )
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
-from lightning_resumable.readers.elsewhere_plan import resume_plan
+from lightning_resumable.readers.elsewhere_plan import DROPS_LAST, declared_order, resume_plan
 from lightning_resumable.readers.hf_partitions import hf_partitions
 from lightning_resumable.readers.hugging_face import take_over_buffers
 from lightning_resumable.readers.recording import FRESH_PASS, PassRecord
@@ -149,7 +149,7 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
         if saved.global_position or self.resumes_on_any_layout:
             return None
         if self.dataset.resumes_on_any_layout:  # but for drop_last
-            return _DROPS_LAST + f". Resume on {saved.world_size} processes, or with drop_last=False"
+            return DROPS_LAST + f". Resume on {saved.world_size} processes, or with drop_last=False"
         return (
             "a stream's position is per rank (each rank reads its own shard), so it means other data on another"
             f" world size. Resume on {saved.world_size} processes, or give the dataset {GLOBAL_POSITION_ATTRIBUTE}"
@@ -185,7 +185,7 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
                 f" Install torchdata>={saved.torchdata}"
             )
         if self.num_workers != saved.num_workers:
-            why = _DROPS_LAST if self.dataset.resumes_on_any_layout else "each worker reads its own slice of the stream"
+            why = DROPS_LAST if self.dataset.resumes_on_any_layout else "each worker reads its own slice of the stream"
             raise WorkerCountChangedError(
                 f"the checkpoint's stream state was written with num_workers={saved.num_workers} per process and"
                 f" resumes with num_workers={self.num_workers}: {why}, so the saved worker states mean other data."
@@ -218,7 +218,8 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
         going_on = any(STREAM_ELSEWHERE in state["stream"] for state in states)
         layout = (world_size, self.num_workers, self.batch_size)
         if layout == (saved.world_size, saved.num_workers, saved.batch_size) and not going_on:
-            return None
+            begun_here = saved.batches == 0 and self.dataset.reads_in_order  # an epoch this layout begins in an order
+            return {FRESH_PASS: saved.epoch} if begun_here else None
         if (self.batch_size is None) != (saved.batch_size is None):
             raise IncompatibleStateError(
                 f"the checkpoint's stream was batched by {'its pipeline' if saved.batch_size is None else 'the loader'}"
@@ -234,12 +235,6 @@ class StreamLoader(StreamReader, StatefulDataLoader):  # type: ignore[misc]  # t
 
     def continues_elsewhere(self, state: Mapping[str, Any]) -> bool:
         return FRESH_PASS not in state  # a fresh pass on another layout reads that layout's own order
-
-
-_DROPS_LAST = (
-    "the loader drops each worker's last partial batch (drop_last=True), which another layout's workers would not"
-    " drop where this one's did"
-)
 
 
 def recognises(loader: object) -> bool:
@@ -264,6 +259,7 @@ def build(loader: DataLoader[Any], options: BuildOptions, subclass: bool, datase
         dataset=dataset,
         seed=options.seed,
         rank=options.rank,
+        world_size=options.num_replicas,
         seed_samples=options.seed_samples,
         restore_globals=options.restore_globals,
         epoch_source=options.epoch_source,
@@ -280,6 +276,7 @@ def make_stream_resumable(
     *,
     seed: int,
     rank: int,
+    world_size: int,
     seed_samples: bool,
     restore_globals: bool,
     epoch_source: Callable[[], int],
@@ -290,10 +287,11 @@ def make_stream_resumable(
 
     Raises:
         UnsupportedLoaderError: the stream has no state, or the loader has ``in_order=False`` (its order is not
-            reproducible).
+            reproducible), or the stream declares an order it cannot be read in (`declared_order`).
     """
     dataset = loader.dataset if dataset is None else dataset  # (a data library's stream, taken over)
     partitions = _partitions_of(dataset, seed, seed_samples)
+    order = declared_order(loader, dataset, partitions is not None)
     taken = take_over_buffers(dataset, seed, rank, seed_samples)  # a Hugging Face shuffle buffer: windows
     if taken is not None:
         dataset = taken
@@ -315,6 +313,8 @@ def make_stream_resumable(
         seed_globals=seed_samples,
         restore_globals=restore_globals,
         partitions=partitions,
+        order=order,
+        layout=Layout(world_size, loader.num_workers, loader.batch_size or 1),
     )
     return StreamLoader(
         stream,
