@@ -146,6 +146,9 @@ class Scenario:
     start_method: str = "fork"
     """How loader workers start (`train.use_start_method`): ``fork``, ``forkserver`` or ``spawn`` given to each
     loader, or ``default:forkserver`` / ``default:spawn`` set as the process default (Python 3.14's)."""
+    stream_order: bool = False
+    """The ``hf`` or ``wds`` stream declares the first launch's layout as its order (``resumable_stream_order``): every
+    epoch is read in that layout's global order, on any layout (a judge: `matrix.ordered_mismatches`)."""
     wds_refused: str = ""
     """A stage the docs list as refused added to the ``wds`` pipeline (`train.WDS_REFUSED`): every run of it must
     fail before any step with an ``UnsupportedLoaderError`` naming it."""
@@ -194,6 +197,7 @@ class Scenario:
             resume_mixture_weights=None,
             extra_saves_every=0,  # saves change nothing: the uninterrupted run makes none
             start_method="fork",  # how workers start changes nothing they read: one uninterrupted run for all
+            stream_order=False,  # the order declared is the uninterrupted run's own layout's
         )
 
     def stop_key(self) -> Scenario:
@@ -209,6 +213,7 @@ class Scenario:
             resume_drop_last=None,
             resume_mixture_sources=None,
             resume_mixture_weights=None,
+            stream_order=False,  # the order declared is the stopped run's own layout's
         )
 
     def label(self) -> str:
@@ -292,6 +297,7 @@ def _config(scenario: Scenario, phase: str, run_dir: Path, checkpoint: Path, wor
         checkpoint=str(checkpoint),
         world_size=world_size,
         first_world_size=scenario.world_size,  # the world size before a resume on another one
+        first_batch_size=scenario.batch_size,  # and the batch size (a resume's may be another)
         stop={"kind": scenario.stop_kind, "epoch": scenario.stop_epoch, "batch": scenario.stop_batch, "val_batch": 1},
     )
     if phase.startswith("resume") and scenario.resume_batch_size is not None:

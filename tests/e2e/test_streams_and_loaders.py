@@ -20,7 +20,7 @@ from .chains import Leg, run_chain
 from .data_setups import COMBINED_SIZES, STREAM_SIZE
 from .harness import FIELDS, RUN_TIMEOUT_S, Outcome, Records, Runner, Scenario, read_records
 from .layout_chains import HF_LAYOUT_CHAIN_SEEDS, draw_litdata_chain, litdata_chain_problems, stream_plans
-from .matrix import case_problems, described, draw_case, elsewhere_mismatches, seeds
+from .matrix import case_problems, described, draw_case, elsewhere_mismatches, ordered_mismatches, seeds
 
 STREAMS = [
     Scenario(world_size=2, num_workers=0, loader="DataLoader", data="stream", stop_kind="batch_end"),
@@ -233,6 +233,19 @@ def test_a_hugging_face_stream_resumed_on_another_layout_goes_on_in_the_interrup
     their saved states), each with what ``map`` drew for it; the next epochs are what a fresh run of the new layout
     reads."""
     assert elsewhere_mismatches(runner, runner.run(scenario)) == []
+
+
+HF_ORDERED = [replace(HF_ELSEWHERE[1], stream_order=True), replace(HF_ELSEWHERE[3], stream_order=True)]
+"""Issue 55, one order whatever the layout: the stream declares the first launch's layout as its order, and the
+resumes of `HF_ELSEWHERE` (2 x 2 -> 2 x 1 with batches of 6, at a validation; 1 x 2 -> 2 x 2 with batches of 2 and
+workers kept) read the interrupted epoch and every later one in it."""
+
+
+@pytest.mark.parametrize("scenario", HF_ORDERED, ids=[s.label() for s in HF_ORDERED])
+def test_a_hugging_face_stream_declaring_its_order_reads_every_epoch_in_it_on_another_layout(
+    runner: Runner, scenario: Scenario
+) -> None:
+    assert ordered_mismatches(runner.run(scenario)) == []
 
 
 @pytest.mark.parametrize("seed", seeds(fixed=HF_LAYOUT_CHAIN_SEEDS))

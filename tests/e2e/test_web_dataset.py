@@ -23,6 +23,7 @@ from .matrix import (
     draw_case,
     draw_chain,
     elsewhere_mismatches,
+    ordered_mismatches,
     refused_problems,
     seeds,
 )
@@ -208,3 +209,21 @@ def test_a_web_dataset_resumed_on_another_layout_goes_on_in_the_interrupted_epoc
     of its sequence, dealt in global batches of the new layout; a last uneven one padded with its own samples),
     each with what ``map`` drew for it; the next epochs are what a fresh run of the new layout reads."""
     assert elsewhere_mismatches(runner, runner.run(scenario)) == []
+
+
+WEB_ORDERED = [
+    replace(ELSEWHERE[0], stream_order=True),
+    replace(ELSEWHERE[2], stream_order=True),
+    replace(ELSEWHERE[5], stream_order=True),
+]
+"""Issue 55, one order whatever the layout: the pipeline declares the first launch's layout as its order, and the
+resumes of `ELSEWHERE` (2 x 2 -> 1 x 0; 1 x 3 -> 2 x 3 with batches of 2 and workers kept, at a validation; batched in
+the pipeline, 2 -> 1) read the interrupted epoch and every later one in it (their stopped and uninterrupted runs are
+those of `ELSEWHERE`: the declaration changes nothing on the declared layout)."""
+
+
+@pytest.mark.parametrize("scenario", WEB_ORDERED, ids=[s.label() for s in WEB_ORDERED])
+def test_a_web_dataset_declaring_its_order_reads_every_epoch_in_it_on_another_layout(
+    runner: Runner, scenario: Scenario
+) -> None:
+    assert ordered_mismatches(runner.run(scenario)) == []
