@@ -146,9 +146,10 @@ class Scenario:
     start_method: str = "fork"
     """How loader workers start (`train.use_start_method`): ``fork``, ``forkserver`` or ``spawn`` given to each
     loader, or ``default:forkserver`` / ``default:spawn`` set as the process default (Python 3.14's)."""
-    stream_order: bool = False
-    """The ``hf`` or ``wds`` stream declares the first launch's layout as its order (``resumable_stream_order``): every
-    epoch is read in that layout's global order, on any layout (a judge: `matrix.ordered_mismatches`)."""
+    stream_order: tuple[int, int, int] | None = None
+    """The layout ``(world_size, num_workers, batch_size)`` the ``hf`` or ``wds`` stream declares as its order
+    (``resumable_stream_order``; the first launch's): every epoch is read in its global order, on any layout (a judge:
+    `matrix.ordered_mismatches`). A pipeline batched in itself declares its batch size ``None``."""
     wds_refused: str = ""
     """A stage the docs list as refused added to the ``wds`` pipeline (`train.WDS_REFUSED`): every run of it must
     fail before any step with an ``UnsupportedLoaderError`` naming it."""
@@ -169,6 +170,10 @@ class Scenario:
         if self.stop_kind in ("validation", "in_validation"):
             return 1  # validation runs after every second batch (val_check_interval=2)
         return min(2, self.batches_per_epoch - 2)  # strictly inside the epoch, never its last batch
+
+    def declaring_its_order(self) -> Scenario:
+        """The scenario whose stream declares its first launch's layout as its order (``stream_order``)."""
+        return replace(self, stream_order=(self.world_size, self.num_workers, self.batch_size))
 
     def data_key(self) -> Scenario:
         """The scenario with everything that cannot change the uninterrupted stream normalised."""
@@ -197,7 +202,7 @@ class Scenario:
             resume_mixture_weights=None,
             extra_saves_every=0,  # saves change nothing: the uninterrupted run makes none
             start_method="fork",  # how workers start changes nothing they read: one uninterrupted run for all
-            stream_order=False,  # the order declared is the uninterrupted run's own layout's
+            stream_order=None,  # the order declared is the uninterrupted run's own layout's
         )
 
     def stop_key(self) -> Scenario:
@@ -213,7 +218,7 @@ class Scenario:
             resume_drop_last=None,
             resume_mixture_sources=None,
             resume_mixture_weights=None,
-            stream_order=False,  # the order declared is the stopped run's own layout's
+            stream_order=None,  # the order declared is the stopped run's own layout's
         )
 
     def label(self) -> str:
@@ -297,7 +302,6 @@ def _config(scenario: Scenario, phase: str, run_dir: Path, checkpoint: Path, wor
         checkpoint=str(checkpoint),
         world_size=world_size,
         first_world_size=scenario.world_size,  # the world size before a resume on another one
-        first_batch_size=scenario.batch_size,  # and the batch size (a resume's may be another)
         stop={"kind": scenario.stop_kind, "epoch": scenario.stop_epoch, "batch": scenario.stop_batch, "val_batch": 1},
     )
     if phase.startswith("resume") and scenario.resume_batch_size is not None:

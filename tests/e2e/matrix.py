@@ -186,13 +186,15 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
         # ... whose stream declares the first launch's layout as its order: every epoch read in it (salted; not for
         # the moved seeds CI ran before, `ORDER_AFTER`).
         if random.Random(seed * 7561 + 5510).random() < 0.5 and seed not in ORDER_AFTER:
-            scenario, reference = replace(scenario, stream_order=True), replace(reference, stream_order=True)
+            first = (scenario.world_size, scenario.num_workers, scenario.batch_size)
+            scenario, reference = replace(scenario, stream_order=first), replace(reference, stream_order=first)
     method = _start_method(seed, scenario)
     return replace(scenario, start_method=method), replace(reference, start_method=method)
 
 
-ORDER_AFTER = frozenset({878811239, 2000227})
-"""The moved WebDataset and Hugging Face cases CI ran before a stream's declared order was drawn: they keep theirs."""
+ORDER_AFTER = frozenset({878811239, 2000227, 226075957, 2000098})
+"""The moved WebDataset and Hugging Face cases and preemptions CI ran before a stream's declared order was drawn: they
+keep theirs."""
 
 RESIZED_AFTER = frozenset({*CI_SEEDS, 19, 22, 917980412, 73})
 """The workflow cases CI ran before batch sizes were drawn (`CI_SEEDS`, `chains.CASE_SEEDS`): they keep their cases."""
@@ -382,7 +384,7 @@ def _as_one_run(scenario: Scenario, **changed: object) -> Scenario:
         resume_world_size=None,
         callback_options=(),
         wds_refused="",  # a refused stage ends every run before its first step: a case's (`refused_problems`)
-        stream_order=False,  # drawn with a resume on another layout, a case's (`ordered_mismatches`)
+        stream_order=None,  # drawn with a resume on another layout, a case's (`ordered_mismatches`)
         **changed,  # type: ignore[arg-type]
     )
 
@@ -433,7 +435,9 @@ def elsewhere_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
     """What docs/litdata.md promises of LitData's loader resumed on another layout (world size, workers, batch size):
     the interrupted epoch goes on in the global order the first layout would have trained it (a last uneven global
     batch padded with its own samples), each sample with its augmentation; the next epochs are a fresh run's of the
-    new layout."""
+    new layout (or, for a stream that declares its order, `ordered_mismatches`)."""
+    if outcome.scenario.stream_order is not None:
+        return ordered_mismatches(outcome)
     scenario, full, stopped, resumed = outcome.scenario, outcome.full, outcome.stopped, outcome.resumed
     epoch, world_size = scenario.stop_epoch, scenario.resume_world_size or scenario.world_size
     batch_size = scenario.resume_batch_size or scenario.batch_size * scenario.world_size // world_size
@@ -774,8 +778,6 @@ def case_problems(runner: Runner, scenario: Scenario, reference: Scenario) -> li
         return refused_problems(runner, scenario)
     outcome = Outcome(scenario, runner.full(reference), runner.stopped(scenario), runner.resumed(scenario))
     resized = (scenario.resume_world_size, scenario.resume_num_workers, scenario.resume_batch_size)
-    if scenario.stream_order:
-        return ordered_mismatches(outcome)
     if scenario.data in ("litdata", "wds", "hf") and resized != (None, None, None):
         return elsewhere_mismatches(runner, outcome)
     if scenario.resume_batch_size is not None and scenario.data == "mixture":
@@ -937,6 +939,10 @@ def draw_preemption(seed: int) -> tuple[Scenario, Preemption]:
         layout = (moved.choice((1, 2)), moved.choice((0, 1, 2)), batch_size)
         if layout != (scenario.world_size, scenario.num_workers, scenario.batch_size):
             preemption = replace(preemption, resumed_on=layout)
+            # ... its stream declaring the first launch's layout as its order (salted; not for CI's seeds before).
+            if random.Random(seed * 104729 + 5511).random() < 0.5 and seed not in ORDER_AFTER:
+                first = (scenario.world_size, scenario.num_workers, scenario.batch_size)
+                scenario = replace(scenario, stream_order=first)
     return scenario, preemption
 
 

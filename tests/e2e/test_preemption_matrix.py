@@ -43,9 +43,11 @@ the process default (7) and by spawn as the default (321: a Hugging Face stream;
 (`matrix.FORK_IN_CI`). (157, spawn as the default and the requeue signal to the group, found the resource tracker
 killed by that signal: `tests/test_worker_starts.py` reproduces it in seconds.) The table of
 docs/guarantees.md#preemption lists them."""
-REQUEUED_ELSEWHERE_SEEDS = (2000098,)
+REQUEUED_ELSEWHERE_SEEDS = (2000098, 5883)
 """Drawn preemptions of a Hugging Face stream requeued on another allocation (issue 55): SIGTERM to rank 1 while it
-saves, after a first resume, 2 processes with 2 workers -> 2 without, batches of 8."""
+saves, after a first resume, 2 processes with 2 workers -> 2 without, batches of 8; SIGTERM to the process group in a
+step of the first epoch, after a first resume, 2 processes -> 1 with batches of 6, the stream declaring the first
+launch's layout as its order (the second epoch too in it)."""
 WEB_DATASET_PREEMPTION_SEEDS = (21, 174, 257, 326, 226075957)
 """Drawn preemptions of a WebDataset pipeline (issue 46; CI's extras step): SLURM's requeue signal to rank 1 at a
 step, 0 workers; SIGTERM to every rank as the next epoch's 2 workers start; SIGTERM to the group at the epoch's

@@ -235,7 +235,7 @@ def test_a_hugging_face_stream_resumed_on_another_layout_goes_on_in_the_interrup
     assert elsewhere_mismatches(runner, runner.run(scenario)) == []
 
 
-HF_ORDERED = [replace(HF_ELSEWHERE[1], stream_order=True), replace(HF_ELSEWHERE[3], stream_order=True)]
+HF_ORDERED = [HF_ELSEWHERE[1].declaring_its_order(), HF_ELSEWHERE[3].declaring_its_order()]
 """Issue 55, one order whatever the layout: the stream declares the first launch's layout as its order, and the
 resumes of `HF_ELSEWHERE` (2 x 2 -> 2 x 1 with batches of 6, at a validation; 1 x 2 -> 2 x 2 with batches of 2 and
 workers kept) read the interrupted epoch and every later one in it."""
@@ -262,9 +262,10 @@ def test_a_drawn_chain_of_hugging_face_layouts_resumes_exactly(runner: Runner, s
     assert problems == [], f"{where} is not exact; rerun: {rerun}\n" + "\n".join(problems[:6])
 
 
-HF_MOVED_SEEDS = (2000227,)
-"""A matrix case of a Hugging Face stream requeued on another allocation (issue 55): 1 process -> 2, stopped at a
-validation in the first epoch (the soaks draw the others; CI's time is bounded)."""
+HF_MOVED_SEEDS = (2000227, 150)
+"""Matrix cases of a Hugging Face stream requeued on another allocation (issue 55): 1 process -> 2, stopped at a
+validation in the first epoch; batches of 4 -> 8 at an epoch's last batch, the stream declaring the first launch's
+layout as its order (the soaks draw the others; CI's time is bounded)."""
 
 
 @pytest.mark.parametrize("seed", HF_MOVED_SEEDS)

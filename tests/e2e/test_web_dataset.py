@@ -212,9 +212,9 @@ def test_a_web_dataset_resumed_on_another_layout_goes_on_in_the_interrupted_epoc
 
 
 WEB_ORDERED = [
-    replace(ELSEWHERE[0], stream_order=True),
-    replace(ELSEWHERE[2], stream_order=True),
-    replace(ELSEWHERE[5], stream_order=True),
+    ELSEWHERE[0].declaring_its_order(),
+    ELSEWHERE[2].declaring_its_order(),
+    ELSEWHERE[5].declaring_its_order(),
 ]
 """Issue 55, one order whatever the layout: the pipeline declares the first launch's layout as its order, and the
 resumes of `ELSEWHERE` (2 x 2 -> 1 x 0; 1 x 3 -> 2 x 3 with batches of 2 and workers kept, at a validation; batched in

@@ -1117,13 +1117,13 @@ class PlainData(L.LightningDataModule):
             elif form:  # batched in the pipeline
                 import webdataset as wds
 
-                self.declare_order(stream, None)
+                self.declare_order(stream, batched=False)
                 self.train_set = stream
                 loader_type = wds.WebLoader if form == "web-loader" else DataLoader
                 return loader_type(stream, batch_size=None, num_workers=workers)  # type: ignore[no-any-return]
         else:
             stream, collate = ShardedStream(STREAM_SIZE, rank, world_size), None
-        self.declare_order(stream, self.config["first_batch_size"])
+        self.declare_order(stream, batched=True)
         if not isinstance(self, ResumableDataModule) and hasattr(stream, "set_epoch"):  # the library sets it itself
             stream.set_epoch(self.trainer.current_epoch)  # type: ignore[union-attr]  # restored before this runs
         self.train_set = stream
@@ -1133,12 +1133,12 @@ class PlainData(L.LightningDataModule):
             stream, batch_size=batch_size, num_workers=workers, collate_fn=collate, persistent_workers=persistent,
         )  # fmt: skip
 
-    def declare_order(self, stream: Any, batch_size: int | None) -> None:
-        """``stream_order``: the stream declares the first launch's layout (``batch_size``, the loader's there) as the
-        order of every epoch, on any layout."""
-        if self.config.get("stream_order"):
-            first = (self.config["first_world_size"], self.config["num_workers"], batch_size)
-            stream.resumable_stream_order = first
+    def declare_order(self, stream: Any, batched: bool) -> None:
+        """``stream_order``: the stream declares that layout (the first launch's) as the order of every epoch, on any
+        layout; ``batched``: by the loader (else its pipeline batches, and the batch size declared is ``None``)."""
+        order = self.config.get("stream_order")
+        if order is not None:
+            stream.resumable_stream_order = (order[0], order[1], order[2] if batched else None)
 
     def val_dataloader(self) -> DataLoader[Any]:
         """``val_loader``: ``plain``, ``shuffled`` (Lightning keeps the shuffle under DDP) or ``batch_sampler``."""
