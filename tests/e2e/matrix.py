@@ -477,12 +477,12 @@ def ordered_mismatches(outcome: Outcome) -> list[str]:
     scenario, full, stopped, resumed = outcome.scenario, outcome.full, outcome.stopped, outcome.resumed
     world_size = scenario.resume_world_size or scenario.world_size
     batch_size = scenario.resume_batch_size or scenario.batch_size * scenario.world_size // world_size
-    per_step = scenario.batch_size if scenario.wds_form else batch_size  # a pipeline's batches keep their size
-    global_batch = world_size * per_step  # samples
+    # The sequence's items: samples, or a pipeline's batches (a step's record each, whatever its size).
+    global_batch = world_size if scenario.wds_form else world_size * batch_size
     problems = []
     for epoch in range(scenario.stop_epoch, scenario.epochs):
-        expected, before = epoch_sequence(full, epoch), epoch_sequence(stopped, epoch)
-        trained = before + epoch_sequence(resumed, epoch)
+        expected, before = _epoch_items(full, epoch, scenario), _epoch_items(stopped, epoch, scenario)
+        trained = before + _epoch_items(resumed, epoch, scenario)
         rest = expected[len(before) :]  # dealt in the resumed layout's global batches from the checkpoint on
         own = len(rest) % global_batch or global_batch
         padding = (rest[len(rest) - own :] * global_batch)[: -len(rest) % global_batch]
@@ -494,6 +494,14 @@ def ordered_mismatches(outcome: Outcome) -> list[str]:
                 problems.append(f"epoch {epoch}: sample {sample} augmented {values}, not {augmented[sample][0]}")
                 break
     return problems
+
+
+def _epoch_items(records: Records, epoch: int, scenario: Scenario) -> list[Any]:
+    """The epoch's items in global order: its samples, or (a pipeline batched in itself) its batches' ids."""
+    if not scenario.wds_form:
+        return epoch_sequence(records, epoch)
+    steps = [(r["batch"], rank, tuple(r["ids"])) for rank, rs in records.items() for r in rs if r["epoch"] == epoch]
+    return [ids for _, _, ids in sorted(steps)]
 
 
 def global_batch_mismatches(outcome: Outcome) -> list[str]:
