@@ -94,6 +94,7 @@ SETUPS = {
         Stream("stream", own_loader=True),
         Stream("hf", own_loader=True),  # a Hugging Face IterableDataset
         Stream("hf-arrow", own_loader=True),  # the same read as Arrow tables: no map, torch-formatted
+        Stream("hf-interleaved", own_loader=True),  # two Hugging Face streams interleaved, augmented after
         Stream("wds", own_loader=True),  # a WebDataset pipeline over tar shards
         Stream("mosaic", own_loader=True),
         Stream("litdata"),

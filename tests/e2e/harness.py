@@ -64,7 +64,8 @@ class Scenario:
     ``replacement``, ``num_samples``, ``subset`` (see ``train.make_sampler``), or the batch sampler
     ``bucketing`` (``train.Bucketing``).
     ``data`` is ``map`` (one map-style loader), ``stream`` (``train.ShardedStream``, a user's stateful
-    stream), ``hf`` (a Hugging Face ``datasets.IterableDataset``), ``wds`` (a ``wds.WebDataset`` over tar
+    stream), ``hf`` (a Hugging Face ``datasets.IterableDataset``; ``hf-arrow`` read as Arrow tables, ``hf-interleaved``
+    two of them interleaved: `train.hf_interleaved_stream`), ``wds`` (a ``wds.WebDataset`` over tar
     shards; ``shuffle_buffer`` is its ``.shuffle(n)`` as it is ``hf``'s ``buffer_size``), ``litdata`` (LitData's
     ``StreamingDataLoader`` over a ``StreamingDataset``; `train.write_litdata` writes its chunks),
     ``litdata-combined`` (a ``CombinedStreamingDataset`` of it and a second one of 24 samples),

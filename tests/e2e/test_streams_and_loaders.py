@@ -45,6 +45,8 @@ STREAMS = [
     Scenario(
         world_size=2, num_workers=0, data="hf-arrow", shuffle_buffer=8, stop_kind="in_step", stop_batch_override=3
     ),
+    # Two streams interleaved (`interleave_datasets`, each shuffled through a buffer of 8), augmented after it.
+    Scenario(world_size=2, num_workers=2, data="hf-interleaved", shuffle_buffer=8, stop_batch_override=3),
     # 3 batches an epoch (batch 8): no validation after the last (val_check_interval=2), where a resume numbered
     # the next epoch's batches from 3 (Lightning cannot count an unsized loader's epoch to its end).
     Scenario(world_size=2, num_workers=0, loader="DataLoader", data="stream", stop_kind="last_batch", batch_size=8),
@@ -216,12 +218,17 @@ HF_ELSEWHERE = [
     ),
     Scenario(world_size=2, data="hf", stop_kind="last_batch", resume_world_size=1),
     Scenario(world_size=2, data="hf", shuffle_buffer=8, resume_world_size=4),
+    Scenario(
+        world_size=2, num_workers=1, data="hf-interleaved", shuffle_buffer=8, resume_world_size=1, resume_num_workers=2,
+        resume_batch_size=6,
+    ),
 ]  # fmt: skip
 """Issue 55: a Hugging Face stream requeued on another allocation: 2 processes with 2 workers -> 1 without (shuffled
 through a buffer of 8); -> 1 worker and batches of 6 (a stop at a validation); read as Arrow tables and augmented in
 the collate, 2 processes without workers -> 1 with 2, the same batches of 4 (the collate draws as the first layout's
 did: each item read under its own seed leaves the generators as its reading did); 1 process with 2 workers -> 2 with
-batches of 2 and workers kept; an epoch's last batch, 2 -> 1 (not shuffled); 2 processes -> 4 (batches of 2)."""
+batches of 2 and workers kept; an epoch's last batch, 2 -> 1 (not shuffled); 2 processes -> 4 (batches of 2); two
+streams interleaved, 2 processes with 1 worker -> 1 with 2 and batches of 6."""
 
 
 @pytest.mark.parametrize("scenario", HF_ELSEWHERE, ids=[s.label() for s in HF_ELSEWHERE])
@@ -235,10 +242,11 @@ def test_a_hugging_face_stream_resumed_on_another_layout_goes_on_in_the_interrup
     assert elsewhere_mismatches(runner, runner.run(scenario)) == []
 
 
-HF_ORDERED = [HF_ELSEWHERE[1].declaring_its_order(), HF_ELSEWHERE[3].declaring_its_order()]
+HF_ORDERED = [each.declaring_its_order() for each in (HF_ELSEWHERE[1], HF_ELSEWHERE[3], HF_ELSEWHERE[6])]
 """Issue 55, one order whatever the layout: the stream declares the first launch's layout as its order, and the
 resumes of `HF_ELSEWHERE` (2 x 2 -> 2 x 1 with batches of 6, at a validation; 1 x 2 -> 2 x 2 with batches of 2 and
-workers kept) read the interrupted epoch and every later one in it."""
+workers kept; two streams interleaved, 2 x 1 -> 1 x 2 with batches of 6) read the interrupted epoch and every later
+one in it."""
 
 
 @pytest.mark.parametrize("scenario", HF_ORDERED, ids=[s.label() for s in HF_ORDERED])

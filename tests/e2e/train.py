@@ -197,10 +197,10 @@ class ShardedStream(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         self.last_id = self._resume_after  # the state until the next sample is read
 
 
-def hf_rows(rows_per_shard: int, shards: list[int]) -> Any:
+def hf_rows(rows_per_shard: int, shards: list[int], first: int = 0) -> Any:
     for shard in shards:
         for row in range(rows_per_shard):
-            yield {"id": shard * rows_per_shard + row}
+            yield {"id": first + shard * rows_per_shard + row}
 
 
 def hf_augment(example: dict[str, Any]) -> dict[str, Any]:
@@ -239,6 +239,25 @@ def hf_stream(size: int, rank: int, world_size: int, shuffle_buffer: int = 0) ->
     if shuffle_buffer:
         stream = stream.shuffle(seed=7, buffer_size=shuffle_buffer)
     return split_dataset_by_node(stream, rank=rank, world_size=world_size)
+
+
+def hf_interleaved_stream(size: int, rank: int, world_size: int, shuffle_buffer: int) -> Any:
+    """Two Hugging Face streams of ``size // 2`` rows each (8 shards; ids from 0 and from ``size // 2``), each shuffled
+    through a buffer, interleaved in turn until both are read (``interleave_datasets``, ``all_exhausted``: every
+    epoch ``size`` rows), augmented in ``map`` after it and split by node."""
+    import datasets
+    from datasets import IterableDataset as HFIterableDataset
+    from datasets.distributed import split_dataset_by_node
+
+    half = size // 2
+    sources = [
+        HFIterableDataset.from_generator(
+            functools.partial(hf_rows, half // 8, first=first), gen_kwargs={"shards": list(range(8))}
+        ).shuffle(seed=seed, buffer_size=shuffle_buffer or 4)
+        for seed, first in ((3, 0), (4, half))
+    ]
+    mixed = datasets.interleave_datasets(sources, seed=9, stopping_strategy="all_exhausted").map(hf_augment)
+    return split_dataset_by_node(mixed, rank=rank, world_size=world_size)
 
 
 WDS_DIR = "wds-shards"
@@ -1088,7 +1107,7 @@ class PlainData(L.LightningDataModule):
         rank, world_size = self.trainer.global_rank, self.trainer.world_size  # type: ignore[union-attr]
         workers = workers_of(self.config)
         batch_size = self.config["batch_size"]
-        if data in ("hf", "hf-arrow", "wds") and not self.config.get("wds_form"):  # streams that resume anywhere
+        if data in ("hf", "hf-arrow", "hf-interleaved", "wds") and not self.config.get("wds_form"):  # resume anywhere
             # batched by the loader: the global batch stays on another world size, unless the resume gives another
             batch_size = batch_size * self.config["first_world_size"] // self.config["world_size"]
             if self.config["phase"].startswith("resume"):
@@ -1097,6 +1116,11 @@ class PlainData(L.LightningDataModule):
         if data == "hf":
             stream, collate = (
                 hf_stream(STREAM_SIZE, rank, world_size, self.config.get("shuffle_buffer", 0)),
+                hf_collate,
+            )
+        elif data == "hf-interleaved":
+            stream, collate = (
+                hf_interleaved_stream(STREAM_SIZE, rank, world_size, self.config.get("shuffle_buffer", 0)),
                 hf_collate,
             )
         elif data == "hf-arrow":
@@ -1158,6 +1182,7 @@ TRAIN_LOADERS: dict[str, Callable[[PlainData], Any]] = {
     "stream": lambda data: data.stream_loader("stream"),
     "hf": lambda data: data.stream_loader("hf"),
     "hf-arrow": lambda data: data.stream_loader("hf-arrow"),
+    "hf-interleaved": lambda data: data.stream_loader("hf-interleaved"),
     "wds": lambda data: data.stream_loader("wds"),
     "mosaic": PlainData.mosaic_loader,
     "litdata": lambda data: data.litdata_loader(combined=False),
