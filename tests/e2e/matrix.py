@@ -30,7 +30,7 @@ from .harness import (
 from .preemption import PREEMPTION_WHENS, Preemption
 from .train import WDS_FORMS, WDS_REFUSED
 
-STREAMS = ("stream", "hf", "wds")
+STREAMS = ("stream", "hf", "hf-interleaved", "wds")
 """The streams `draw_case` draws: a user's stateful stream, a Hugging Face stream and a WebDataset pipeline, both
 shuffled through a buffer (a WebDataset case is skipped where webdataset is not installed: CI's extras step runs
 `WEB_DATASET_SEEDS`)."""
@@ -188,9 +188,16 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
         if random.Random(seed * 7561 + 5510).random() < 0.5 and seed not in ORDER_AFTER:
             first = (scenario.world_size, scenario.num_workers, scenario.batch_size)
             scenario, reference = replace(scenario, stream_order=first), replace(reference, stream_order=first)
+    # A Hugging Face stream of two interleaved (`interleave_datasets`), every other draw the same; salted, and not for
+    # the seeds CI ran before (`INTERLEAVED_AFTER`).
+    if scenario.data == "hf" and random.Random(seed * 7561 + 5512).random() < 0.3 and seed not in INTERLEAVED_AFTER:
+        scenario, reference = replace(scenario, data="hf-interleaved"), replace(reference, data="hf-interleaved")
     method = _start_method(seed, scenario)
     return replace(scenario, start_method=method), replace(reference, start_method=method)
 
+
+INTERLEAVED_AFTER = frozenset({27, 46, 150, 321, 750, 2154, 5883, 2000098, 2000227, 44860491})
+"""The CI seeds (every matrix's) that draw a Hugging Face stream: they keep theirs, not interleaved."""
 
 ORDER_AFTER = frozenset({878811239, 2000227, 226075957, 2000098})
 """The moved WebDataset and Hugging Face cases and preemptions CI ran before a stream's declared order was drawn: they
@@ -298,7 +305,7 @@ def draw_chain(seed: int) -> tuple[Scenario, list[Leg]]:
     ), legs
 
 
-SKIPPABLE = ("map", "mixture", "stream", "hf", "wds")
+SKIPPABLE = ("map", "mixture", "stream", "hf", "hf-interleaved", "wds")
 """The train inputs whose data a chain's skipped steps pass over (issue 47): not several loaders (refused)."""
 
 
@@ -786,7 +793,7 @@ def case_problems(runner: Runner, scenario: Scenario, reference: Scenario) -> li
         return refused_problems(runner, scenario)
     outcome = Outcome(scenario, runner.full(reference), runner.stopped(scenario), runner.resumed(scenario))
     resized = (scenario.resume_world_size, scenario.resume_num_workers, scenario.resume_batch_size)
-    if scenario.data in ("litdata", "wds", "hf") and resized != (None, None, None):
+    if scenario.data in ("litdata", "wds", "hf", "hf-interleaved") and resized != (None, None, None):
         return elsewhere_mismatches(runner, outcome)
     if scenario.resume_batch_size is not None and scenario.data == "mixture":
         return mixture_elastic_mismatches(runner, outcome, replace(reference, resume_batch_size=None))
@@ -940,7 +947,7 @@ def draw_preemption(seed: int) -> tuple[Scenario, Preemption]:
     # Issue 55: a WebDataset pipeline or a Hugging Face stream requeued on another allocation (a pipeline batched in
     # itself keeps its batches); salted, not for the seeds CI ran before.
     moved = random.Random(seed * 104729 + 5509)
-    anywhere = scenario.data in ("wds", "hf") and preemption.again != "kill_while_saving"
+    anywhere = scenario.data in ("wds", "hf", "hf-interleaved") and preemption.again != "kill_while_saving"
     anywhere = anywhere and seed not in MIXTURE_KEPT_AFTER
     if anywhere and moved.random() < 0.4:
         batch_size = scenario.batch_size if scenario.wds_form else moved.choice((2, 4, 6, 8))
@@ -974,6 +981,6 @@ def resumed_elsewhere_problems(runner: Runner, outcome: Outcome) -> list[str]:
     """The judge of a loader resumed on another layout: LitData's, a WebDataset pipeline's and a Hugging Face stream's
     epoch goes on in the order that began it (`elsewhere_mismatches`), Mosaic's global sequence in global batches of
     the new size (`regrouped_mismatches`)."""
-    if outcome.scenario.data in ("litdata", "wds", "hf"):
+    if outcome.scenario.data in ("litdata", "wds", "hf", "hf-interleaved"):
         return elsewhere_mismatches(runner, outcome)
     return regrouped_mismatches(runner, outcome)

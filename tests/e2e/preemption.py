@@ -35,7 +35,7 @@ from .harness import (
 SLURM_JOB_ID = "4242"
 
 STEP_SECONDS = 0.05
-SIGNAL_AT_STEP = {"map": 16, "stream": 8, "hf": 8, "wds": 8, "mosaic": 8}
+SIGNAL_AT_STEP = {"map": 16, "stream": 8, "hf": 8, "hf-interleaved": 8, "wds": 8, "mosaic": 8}
 """Rank 0's step after which a test signals: mid-epoch, for the data of each kind of scenario."""
 PREEMPTION_TIMEOUT_S = 120
 
