@@ -71,7 +71,8 @@ def test_a_drawn_workflow_resumes_exactly(runner: Runner, seed: int) -> None:
 def test_the_draw_is_a_pure_function_of_the_seed() -> None:
     assert [draw_case(seed) for seed in range(50)] == [draw_case(seed) for seed in range(50)]
     drawn = {draw_case(seed)[0].data for seed in range(200)}
-    assert drawn == {"map", "stream", "hf", "hf-interleaved", "wds", "mixture", "combined", "dict"}, "every kind is drawn"
+    kinds = {"map", "stream", "hf", "hf-interleaved", "wds", "mixture", "combined", "dict"}
+    assert drawn == kinds, "every kind of train input is drawn"
 
 
 @pytest.mark.parametrize("seed", seeds(CHAIN_SEEDS, fixed=CHAINS_OF_CI_SEEDS))
