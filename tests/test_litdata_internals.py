@@ -254,3 +254,16 @@ def test_the_plans_of_a_layouts_ranks_share_out_the_epoch(chunks: Path) -> None:
     plans = [planned_batches(dataset, world_size=2, rank=rank, num_workers=2, batch_size=4, epoch=1) for rank in (0, 1)]
     samples = [index for plan in plans for batch in plan for _, index in batch]
     assert len(samples) == len(set(samples)) and len(plans[0]) == len(plans[1]) and len(samples) > 40
+
+
+def test_a_combined_dataset_that_declares_an_order_is_refused_saying_why(chunks: Path) -> None:
+    """docs/litdata.md: a ``StreamingDataset`` may declare the layout of its order (every epoch read in it on any
+    layout, `tests/e2e/test_litdata.py`); a ``CombinedStreamingDataset`` read by LitData's loader keeps its own."""
+    combined = litdata.CombinedStreamingDataset([train.litdata_stream(chunks), train.litdata_stream(chunks)], seed=5)
+    combined.resumable_stream_order = (2, 0, 4)
+    with pytest.raises(UnsupportedLoaderError, match="CombinedStreamingDataset's order is its own"):
+        make_litdata_resumable(litdata.StreamingDataLoader(combined, batch_size=4), seed=3, epoch_source=lambda: 0)
+    single = train.litdata_stream(chunks)
+    single.resumable_stream_order = (2, 0)
+    with pytest.raises(UnsupportedLoaderError, match=r"give \(world_size, num_workers, batch_size\)"):
+        make_litdata_resumable(litdata.StreamingDataLoader(single, batch_size=4), seed=3, epoch_source=lambda: 0)

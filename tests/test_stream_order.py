@@ -15,9 +15,8 @@ from lightning_resumable import UnsupportedLoaderError
 from lightning_resumable.format.stream_state import STREAM_ORDER_ATTRIBUTE, StreamState
 from lightning_resumable.readers.build import make_resumable
 from lightning_resumable.readers.stream_elsewhere import STREAM_ELSEWHERE
-from tests.test_stream_elsewhere import (
+from tests.stream_layouts import (
     PIPELINES,
-    SEED,
     STREAMS,
     Layout,
     assert_goes_on,
@@ -26,10 +25,12 @@ from tests.test_stream_elsewhere import (
     write_shards,
 )
 
+SEED = 5
+
 
 @pytest.fixture(scope="module")
 def urls(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """tests/test_stream_elsewhere.py's 8 shards of 5 samples."""
+    """8 shards of 5 samples (`tests.stream_layouts.write_shards`)."""
     return write_shards(tmp_path_factory)
 
 

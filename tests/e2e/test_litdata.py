@@ -123,6 +123,19 @@ ELSEWHERE = [
 ]
 
 
+ORDERED = [ELSEWHERE[index].declaring_its_order() for index in (0, 4, 7, 8)]
+"""Issue 55, one order whatever the layout: the dataset declares the first launch's layout as its order, and the
+resumes of `ELSEWHERE` (2 -> 1 process; 2 -> 3 workers with batches of 6; at an epoch's last batch 2 x 2 -> 1 x 0
+with batches of 2; at a validation, 1 worker and batches of 8) read the interrupted epoch and every later one in it."""
+
+
+@pytest.mark.parametrize("scenario", ORDERED, ids=lambda scenario: scenario.label())
+def test_litdatas_loader_declaring_its_order_reads_every_epoch_in_it_on_another_layout(
+    litdata_runner: Runner, scenario: Scenario
+) -> None:
+    assert elsewhere_mismatches(litdata_runner, litdata_runner.run(scenario)) == []
+
+
 @pytest.mark.parametrize("scenario", ELSEWHERE, ids=lambda scenario: scenario.label())
 def test_litdatas_loader_resumed_on_another_layout_goes_on_in_the_interrupted_epochs_order(
     litdata_runner: Runner, scenario: Scenario

@@ -1019,6 +1019,8 @@ class PlainData(L.LightningDataModule):
         if combined:
             second = litdata_stream(root / LITDATA_SECOND_DIR)
             self.train_set = CombinedStreamingDataset([self.train_set, second], seed=5)
+        else:
+            self.declare_order(self.train_set, batched=True)
         loader_type = StreamingDataLoader if self.config["loader"] == "StreamingDataLoader" else DataLoader
         # The global batch stays the same on another world size, unless the resume gives another batch size.
         batch_size = self.config["batch_size"] * self.config["first_world_size"] // self.config["world_size"]

@@ -92,12 +92,12 @@ def resume_plan(
     )
 
 
-def declared_order(loader: Any, dataset: Any, readable: bool) -> Layout | None:
+def declared_order(loader: Any, dataset: Any, unreadable: str | None) -> Layout | None:
     """The layout whose global order every epoch begun is read in, whatever the layout reading it (as Mosaic's
     canonical nodes fix its order), that a ``loader``'s stream declares (`STREAM_ORDER_ATTRIBUTE`: ``(world_size,
     num_workers, batch_size)``, ``batch_size`` ``None`` for a stream batched in its pipeline) on ``loader.dataset`` or
     ``dataset`` (a library's stream taken over); ``None``: each epoch begun is the reading layout's own.
-    ``readable``: the stream's first-layout workers' streams can be opened anywhere.
+    ``unreadable``: why the stream cannot be read in another layout's order (``None``: it can).
 
     Raises:
         UnsupportedLoaderError: it is not such a layout, batches otherwise than the loader, or the stream cannot be
@@ -122,11 +122,8 @@ def declared_order(loader: Any, dataset: Any, readable: bool) -> Layout | None:
             f" batch_size={loader.batch_size}: a stream batched in its pipeline reads batches, one batched by the"
             " loader samples, so one cannot be read in the other's order"
         )
-    if not readable:
-        raise UnsupportedLoaderError(
-            f"the stream declares {STREAM_ORDER_ATTRIBUTE}, but only a Hugging Face stream's or a WebDataset"
-            f" pipeline's workers' streams can be read on another layout ({type(dataset).__name__}'s state is its own)"
-        )
+    if unreadable is not None:
+        raise UnsupportedLoaderError(f"the stream declares {STREAM_ORDER_ATTRIBUTE}, but {unreadable}")
     if loader.drop_last:
         raise UnsupportedLoaderError(
             f"the stream declares {STREAM_ORDER_ATTRIBUTE} and its loader drop_last=True: {DROPS_LAST}. Pass"

@@ -23,29 +23,40 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import PurePosixPath
 from typing import Any
 
 from litdata import CombinedStreamingDataset, StreamingDataLoader, StreamingDataset
-from litdata.streaming import dataloader as litdata_dataloader
 from litdata.streaming.sampler import ChunkedIndex
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lightning_resumable.core import randomness
 from lightning_resumable.core.chunks import DEFAULT_WINDOW
-from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.format.envelope import StreamState
 from lightning_resumable.internals._litdata import copy_of_loader_state
 from lightning_resumable.internals._torchdata import take_iterator
 from lightning_resumable.readers import mixture as mixture_reader
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
+from lightning_resumable.readers.elsewhere_plan import declared_order
 from lightning_resumable.readers.libraries import LIBRARIES, is_of
 from lightning_resumable.readers.litdata_chunks import LitDataChunkReader
-from lightning_resumable.readers.litdata_elsewhere import ELSEWHERE, Remainder, RemainderSamples, rest_of_epoch
+from lightning_resumable.readers.litdata_combined import (
+    combined_as_mixture,
+    mixture_to_write,
+    source_names,
+    users_collate_fn,
+)
+from lightning_resumable.readers.litdata_elsewhere import (
+    ELSEWHERE,
+    Remainder,
+    RemainderSamples,
+    declared_epoch,
+    rest_of_epoch,
+)
 from lightning_resumable.readers.recording import FRESH_PASS, PassRecord
 from lightning_resumable.readers.settings import DATA_LIBRARY_SETTINGS, forwarded_settings
+from lightning_resumable.readers.stream_elsewhere import Layout
 from lightning_resumable.readers.workers import ForkingEachPass, retire, warn_once_on_affected_python
 
 __all__ = [
@@ -81,63 +92,6 @@ def build(loader: Any, options: BuildOptions) -> Built:
     return Built(made, made)
 
 
-def source_names(datasets: list[Any]) -> list[str]:
-    """A name for each of a combined dataset's datasets: its directory's last part, numbered where two share it."""
-    names = [
-        PurePosixPath(str(each.input_dir.url or each.input_dir.path or "source").rstrip("/")).name for each in datasets
-    ]
-    return [f"{name}-{number}" if names.count(name) > 1 else name for number, name in enumerate(names)]
-
-
-def _users_collate_fn(loader: Any) -> Any:
-    """The collation the user gave ``loader`` (LitData's loader wraps it in its own)."""
-    return loader.collate_fn.collate_fn if isinstance(loader, StreamingDataLoader) else loader.collate_fn
-
-
-def _written(names: list[str], weights: list[float], loader: Any, shuffle: bool) -> str:
-    sources = ", ".join(f"{name!r}: StreamingDataset(...)" for name in names)
-    shares = ", ".join(f"{name!r}: {weight:.4g}" for name, weight in zip(names, weights, strict=True))
-    collate_fn = _users_collate_fn(loader)
-    defaults = (default_collate, getattr(litdata_dataloader, "litdata_collate", default_collate))
-    collation = "" if collate_fn in defaults else f", collate_fn={getattr(collate_fn, '__qualname__', collate_fn)}"
-    return (
-        f"DataLoader(Mixture({{{sources}}}, {{{shares}}}{'' if shuffle else ', shuffle=False'}),"
-        f" batch_size={loader.batch_size}, num_workers={loader.num_workers}{collation})"
-    )
-
-
-def combined_as_mixture(loader: Any) -> tuple[Mixture, dict[str, Any]]:
-    """A loader over a ``CombinedStreamingDataset(datasets, weights, seed, iterate_over_all=False)`` as the
-    equivalent `Mixture` (its datasets by `source_names`, its weights; read chunk by chunk) and the
-    settings of the torch loader that reads it (batch size, workers, collation: the user's).
-
-    Raises:
-        UnsupportedLoaderError: what the mixture cannot honour (batches of one dataset each, datasets
-            shuffled and not, a DataLoader subclass), printing the loader to write instead.
-    """
-    combined = loader.dataset
-    datasets, weights = list(combined._datasets), [float(weight) for weight in combined._weights]
-    names = source_names(datasets)
-    shuffles = {bool(each.shuffle) for each in datasets}
-    written = _written(names, weights, loader, shuffle=True in shuffles)
-    why = ""
-    if combined._batching_method != "stratified":
-        why = f"batching_method={combined._batching_method!r} (a Mixture mixes its sources within each batch)"
-    elif len(shuffles) > 1:
-        why = "datasets of which some shuffle and some do not (a Mixture shuffles all its sources or none)"
-    elif not all(isinstance(each, StreamingDataset) for each in datasets):
-        why = "a dataset that is not a StreamingDataset"
-    if why:
-        raise UnsupportedLoaderError(
-            f"LitData's CombinedStreamingDataset with {why} cannot be read as a Mixture; write {written}"
-        )
-    collate_fn = _users_collate_fn(loader)
-    mixture = Mixture(
-        dict(zip(names, datasets, strict=True)), dict(zip(names, weights, strict=True)), shuffle=True in shuffles
-    )
-    return mixture, forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn)
-
-
 def mixture_source(dataset: StreamingDataset, window: int) -> LitDataChunkReader:
     """LitData's dataset as a `Mixture` reads it (`lightning_resumable.readers.base.Adapter.mixture_source`)."""
     return LitDataChunkReader(dataset, window)
@@ -163,13 +117,16 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         epoch_source: Callable[[], int] = lambda: 0,
         rank: int = 0,
         world_size: int = 1,
+        order: Layout | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.start_reading(PassRecord("LitData's loader", self._state), epoch_source)
         self._fresh_epoch: int | None = None  # the epoch of a pass that starts afresh
         self.rank, self.world_size = rank, world_size
-        self._remainder: Remainder | None = None  # an interrupted epoch's rest, read on this layout
+        self._remainder: Remainder | None = None  # an interrupted epoch's rest (or a declared order's), read here
+        # The layout the dataset declares every fresh epoch read in, where it is another (`declared_order`).
+        self._order = order if order != Layout(world_size, self.num_workers, int(self.batch_size)) else None
 
     @property
     def resumes_on_any_layout(self) -> bool:
@@ -186,7 +143,14 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
     def __len__(self) -> int:
         if self._remainder is not None:  # the epoch's batches before the resume, then the rest's on this layout
             return self._remainder.at.batches + self._remainder.steps
+        if self._order is not None and not self.record.resuming:  # a fresh epoch in the declared order
+            return self._declared(self.epoch_source() if self._next_epoch is None else self._next_epoch).steps
         return int(super().__len__())
+
+    def _declared(self, epoch: int) -> Remainder:
+        """The trainer's ``epoch`` in the declared layout's order, dealt to this layout (LitData counts from 1)."""
+        assert self._order is not None
+        return declared_epoch(self.dataset, self._order, epoch + 1, self.rank, self.world_size, int(self.batch_size))
 
     def world_size_refusal(self, saved: StreamState) -> str | None:
         return None if self.resumes_on_any_layout else super().world_size_refusal(saved)
@@ -212,6 +176,10 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         if self._remainder is not None and self.record.resuming:
             return self._read_remainder(self._remainder)
         self._remainder = None  # an epoch that went on elsewhere is over: LitData's own epochs on this layout
+        if self._order is not None and not self.record.resuming:  # unless the dataset declares another's order
+            epoch = self.pass_epoch()
+            self._remainder = self._declared(epoch)
+            return self._read_remainder(self._remainder, fresh=epoch)
         # The pass continues a restored state only right after `resume_from`. LitData clears its
         # ``restore`` flag only when a pass runs out, and Lightning stops a sized loader's pass at its
         # length without exhausting it: LitData then replayed the interrupted epoch's tail.
@@ -232,15 +200,17 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         # Without workers the samples (and their seeds) are read in this process, in next().
         return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0)
 
-    def _read_remainder(self, remainder: Remainder) -> Iterator[Any]:
-        """The interrupted epoch's rest on this layout, each sample read by its chunk and index under its seed."""
-        self.pass_epoch()
-        self._fresh_epoch = None
+    def _read_remainder(self, remainder: Remainder, fresh: int | None = None) -> Iterator[Any]:
+        """The interrupted epoch's rest on this layout (or the ``fresh`` epoch, its pass begun, in a declared order),
+        each sample read by its chunk and index under its seed."""
+        if fresh is None:
+            self.pass_epoch()
+        self._fresh_epoch = fresh
         self.dataset.current_epoch = remainder.at.epoch  # the samples' seeds are keyed by LitData's epoch
         samples = RemainderSamples(LitDataChunkReader(self.dataset, DEFAULT_WINDOW), remainder.pairs)
         # One pass: its workers are not kept (the loader is built again for the next epoch).
         settings = forwarded_settings(
-            self, DATA_LIBRARY_SETTINGS, collate_fn=_users_collate_fn(self), persistent_workers=False
+            self, DATA_LIBRARY_SETTINGS, collate_fn=users_collate_fn(self), persistent_workers=False
         )
         loader = DataLoader(samples, **settings)
         warn_once_on_affected_python(loader)
@@ -328,10 +298,11 @@ def make_litdata_resumable(
             " each dataset's count over the workers, and its resume then reads other samples (seen: a sample"
             " trained twice and another never, 2 workers). It resumes exactly with num_workers=0; with workers,"
             " pass iterate_over_all=False (read as a Mixture, exact with any workers and world size), or write "
-            + _written(names, weights, loader, shuffle=any(each.shuffle for each in datasets))
+            + mixture_to_write(names, weights, loader, shuffle=any(each.shuffle for each in datasets))
         )
     for stream, each in enumerate(datasets):  # a combined dataset's samples share their indices
         randomness.seed_each_sample(each, seed, _epoch_of, _index_of, stream)
     collate_fn = loader.collate_fn.collate_fn if own else loader.collate_fn  # LitData's wraps the user's
     settings = forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn)
-    return LitDataLoader(dataset, epoch_source=epoch_source, rank=rank, world_size=world_size, **settings)
+    order = declared_order(loader, dataset, "a CombinedStreamingDataset's order is its own" if combined else None)
+    return LitDataLoader(dataset, epoch_source=epoch_source, rank=rank, world_size=world_size, order=order, **settings)

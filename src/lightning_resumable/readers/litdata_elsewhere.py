@@ -12,6 +12,10 @@ another world size does:
   sample's index), with its own workers;
 - a save inside that epoch writes `ELSEWHERE`: the first layout and the global position, so a chain resumes it on
   any layout again.
+
+A dataset that declares its order (`lightning_resumable.readers.elsewhere_plan.declared_order`) reads every fresh epoch
+on another layout so too, from its start (`declared_epoch`): LitData's samples are read by chunk and index, so this
+costs no more reading than LitData's own order does.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from torch.utils.data import Dataset
 from lightning_resumable.errors import StateFormatError
 from lightning_resumable.format.envelope import StreamState
 from lightning_resumable.internals._litdata_plan import planned_batches
+from lightning_resumable.readers.stream_elsewhere import Layout
 
-__all__ = ["ELSEWHERE", "Elsewhere", "Remainder", "RemainderSamples", "rest_of_epoch"]
+__all__ = ["ELSEWHERE", "Elsewhere", "Remainder", "RemainderSamples", "declared_epoch", "rest_of_epoch"]
 
 ELSEWHERE = "lightning_resumable.elsewhere"
 """The key of a rank's state (the same on every rank) inside an epoch that goes on on another layout."""
@@ -85,6 +90,15 @@ def rest_of_epoch(
     plans = _plans(dataset, at)
     trained = sum(len(batch) for plan in plans for batch in plan[: saved.batches])
     return Remainder(plans, replace(at, position=trained), rank, world_size, batch_size)
+
+
+def declared_epoch(
+    dataset: StreamingDataset, order: Layout, epoch: int, rank: int, world_size: int, batch_size: int
+) -> Remainder:
+    """LitData's ``epoch`` (from 1) read whole in the global order of the declared layout ``order`` (on one node),
+    dealt to ``rank`` of ``world_size`` in batches of ``batch_size``."""
+    at = Elsewhere(order.world_size, 1, order.num_workers, order.batch_size, epoch, position=0, batches=0)
+    return Remainder(_plans(dataset, at), at, rank, world_size, batch_size)
 
 
 def _plans(dataset: StreamingDataset, at: Elsewhere) -> list[list[list[tuple[int, int]]]]:

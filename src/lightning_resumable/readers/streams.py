@@ -291,7 +291,11 @@ def make_stream_resumable(
     """
     dataset = loader.dataset if dataset is None else dataset  # (a data library's stream, taken over)
     partitions = _partitions_of(dataset, seed, seed_samples)
-    order = declared_order(loader, dataset, partitions is not None)
+    unreadable = (
+        "only a Hugging Face stream's, a WebDataset pipeline's and LitData's can be read on another layout"
+        f" ({type(dataset).__name__}'s state is its own)"
+    )
+    order = declared_order(loader, dataset, None if partitions is not None else unreadable)
     taken = take_over_buffers(dataset, seed, rank, seed_samples)  # a Hugging Face shuffle buffer: windows
     if taken is not None:
         dataset = taken
