@@ -1,7 +1,7 @@
 """What the tests of a stream read on several layouts share (`tests/test_stream_elsewhere.py`,
-`tests/test_stream_order.py`): 8 shards of 5 samples as WebDataset pipelines and Hugging Face streams of several forms, each sample drawing from the
-global generators, and the global sequence of a layout's ranks. The WebDataset forms need webdataset (CI's extras
-step): `write_shards` skips without it."""
+`tests/test_stream_order.py`): 8 shards of 5 samples as WebDataset pipelines and Hugging Face streams of several
+forms, each sample drawing from the global generators, and the global sequence of a layout's ranks. The WebDataset
+forms need webdataset (CI's extras step): `write_shards` skips without it."""
 
 from __future__ import annotations
 
