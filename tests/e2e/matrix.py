@@ -12,7 +12,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .chains import CI_SEEDS, LIBRARY_PREEMPTIONS_ON_ONE_ALLOCATION, LIBRARY_SEEDS, Leg, run_chain
+from .chains import (
+    CI_SEEDS,
+    LIBRARY_PREEMPTION_SEEDS,
+    LIBRARY_PREEMPTIONS_ON_ONE_ALLOCATION,
+    LIBRARY_SEEDS,
+    Leg,
+    run_chain,
+)
 from .harness import (
     WITH_PARAMETERS,
     Outcome,
@@ -710,6 +717,9 @@ def draw_library_case(seed: int) -> Scenario:
             scenario = replace(scenario, resume_num_workers=moved.choice((0, 1, 2, 3)))
         if moved.random() < 0.4 or (scenario.resume_world_size, scenario.resume_num_workers) == (None, None):
             scenario = replace(scenario, resume_batch_size=moved.choice((2, 6, 8)))
+        # ... its dataset declaring the first launch's layout as its order (salted; CI's seeds keep theirs).
+        if random.Random(seed * 104729 + 5513).random() < 0.5 and seed not in LIBRARY_SEEDS:
+            scenario = replace(scenario, stream_order=(scenario.world_size, scenario.num_workers, scenario.batch_size))
     # Mosaic's loader with another batch size, on the same or another world size (salted apart; CI's seeds keep theirs).
     regrouped = random.Random(seed * 104729 + 5506)
     if data == "mosaic" and seed not in (*MIXTURE_KEPT_AFTER, *LIBRARY_SEEDS) and regrouped.random() < 0.4:
@@ -974,6 +984,11 @@ def draw_library_preemption(seed: int) -> tuple[Scenario, Preemption]:
         layout = (moved.choice((1, 2)), moved.choice((0, 1, 2)), moved.choice((2, 4, 6, 8)))
         if layout != (scenario.world_size, scenario.num_workers, scenario.batch_size):
             preemption = replace(preemption, resumed_on=layout)
+            declares = random.Random(seed * 104729 + 5514).random() < 0.5 and scenario.data == "litdata"
+            if declares and seed not in LIBRARY_PREEMPTION_SEEDS:  # LitData's dataset declaring its first order
+                scenario = replace(
+                    scenario, stream_order=(scenario.world_size, scenario.num_workers, scenario.batch_size)
+                )
     return scenario, preemption
 
 
