@@ -127,6 +127,7 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         self._remainder: Remainder | None = None  # an interrupted epoch's rest (or a declared order's), read here
         # The layout the dataset declares every fresh epoch read in, where it is another (`declared_order`).
         self._order = order if order != Layout(world_size, self.num_workers, int(self.batch_size)) else None
+        self._planned: tuple[int, Remainder] | None = None  # the last epoch planned in that order
 
     @property
     def resumes_on_any_layout(self) -> bool:
@@ -148,9 +149,14 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         return int(super().__len__())
 
     def _declared(self, epoch: int) -> Remainder:
-        """The trainer's ``epoch`` in the declared layout's order, dealt to this layout (LitData counts from 1)."""
+        """The trainer's ``epoch`` in the declared layout's order, dealt to this layout (LitData counts from 1); the
+        last one planned is kept (Lightning asks the length more than once an epoch, and a plan is O(samples))."""
         assert self._order is not None
-        return declared_epoch(self.dataset, self._order, epoch + 1, self.rank, self.world_size, int(self.batch_size))
+        if self._planned is None or self._planned[0] != epoch:
+            batch_size = int(self.batch_size)
+            planned = declared_epoch(self.dataset, self._order, epoch + 1, self.rank, self.world_size, batch_size)
+            self._planned = epoch, planned
+        return self._planned[1]
 
     def world_size_refusal(self, saved: StreamState) -> str | None:
         return None if self.resumes_on_any_layout else super().world_size_refusal(saved)
