@@ -14,8 +14,8 @@ another world size does:
   any layout again.
 
 A dataset that declares its order (`lightning_resumable.readers.elsewhere_plan.declared_order`) reads every fresh epoch
-on another layout so too, from its start (`declared_epoch`): LitData's samples are read by chunk and index, so this
-costs no more reading than LitData's own order does.
+on another layout so too, from its start (`declared_epoch`): LitData's samples are read by chunk and index, so each is
+read once (where a stream's every worker reads every declared worker's stream).
 """
 
 from __future__ import annotations
