@@ -9,7 +9,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -262,9 +262,45 @@ def run_preemption(
     another allocation (``preemption.resumed_on``), judge the run by ``elsewhere`` (the matrix's judge of such a
     case, given the stop's epoch and the resume's layout).
 
+    A case that reads MosaicML Streaming runs alone among such cases on this machine (`_mosaic_alone`).
+
     Raises:
         AssertionError: a run hung (every process's stack printed) or a leg failed.
     """
+    with _mosaic_alone(scenario):
+        return _preempted_run(runner, scenario, preemption, run, elsewhere)
+
+
+@contextlib.contextmanager
+def _mosaic_alone(scenario: Scenario) -> Iterator[None]:
+    """Hold a machine-wide lock while a case over Mosaic's shards runs (its ``mosaic`` or ``sharded-mixture`` data).
+
+    Mosaic names its shared-memory blocks by the first free prefix, and a killed run's processes unlink theirs by name
+    as they die: a run on the other pytest-xdist worker that took the prefix meanwhile (its first block already gone)
+    lost its ``000000_barrier`` to them, and its workers, started by forkserver, could not open it (CI, data libraries'
+    preemption seed 7, while seed 0's preempted processes were ending). Two such cases never overlap now. (A lock of its
+    own: the runs' rank 0 takes `train.one_mosaic_registration_at_a_time`'s.)"""
+    if scenario.data not in ("mosaic", "sharded-mixture"):
+        yield
+        return
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "lightning-resumable-tests-mosaic-preemptions.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _preempted_run(
+    runner: Runner,
+    scenario: Scenario,
+    preemption: Preemption,
+    run: Path,
+    elsewhere: Callable[[Runner, Outcome], list[str]] | None,
+) -> PreemptedRun:
     full, full_validations = runner.full(scenario), runner.full_validations(scenario)
     world_size = scenario.world_size
     run.mkdir(parents=True, exist_ok=True)
