@@ -247,7 +247,7 @@ def draw_litdata_chain(seed: int, plans: Plans, data: str = "litdata") -> LitDat
     # for CI's seeds, which keep their chains.
     declared = random.Random(seed * 6151 + 57).random() < 0.5 and seed not in DECLARED_AFTER
     if declared:
-        scenario = replace(scenario, stream_order=first.laid_out)
+        scenario = scenario.declaring_its_order()
     legs: list[Leg] = []
     began, ended = {0: first}, {}
     epoch, done, position, elsewhere, saver = 0, 0, 0, False, first

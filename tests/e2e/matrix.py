@@ -193,8 +193,8 @@ def draw_case(seed: int) -> tuple[Scenario, Scenario]:
         # ... whose stream declares the first launch's layout as its order: every epoch read in it (salted; not for
         # the moved seeds CI ran before, `ORDER_AFTER`).
         if random.Random(seed * 7561 + 5510).random() < 0.5 and seed not in ORDER_AFTER:
-            first = (scenario.world_size, scenario.num_workers, scenario.batch_size)
-            scenario, reference = replace(scenario, stream_order=first), replace(reference, stream_order=first)
+            scenario = scenario.declaring_its_order()
+            reference = replace(reference, stream_order=scenario.stream_order)
     # A Hugging Face stream of two interleaved (`interleave_datasets`), every other draw the same; salted, and not for
     # the seeds CI ran before (`INTERLEAVED_AFTER`).
     if scenario.data == "hf" and random.Random(seed * 7561 + 5512).random() < 0.3 and seed not in INTERLEAVED_AFTER:
@@ -468,11 +468,7 @@ def elsewhere_mismatches(runner: Runner, outcome: Outcome) -> list[str]:
     padding = trained[len(expected) :]
     if trained[: len(expected)] != expected or len(padding) >= world_size * batch_size or set(padding) - set(expected):
         problems.append(f"epoch {epoch}: trained {trained}, not {expected} (+ padding)")
-    augmented = augmentation_by_id(fresh if began_here else full, epoch=epoch)
-    for sample, values in augmentation_by_id(stopped, resumed, epoch=epoch).items():
-        if any(value != augmented[sample][0] for value in values):
-            problems.append(f"epoch {epoch}: sample {sample} augmented {values}, not {augmented[sample][0]}")
-            break
+    problems += _augmentation_mismatch(fresh if began_here else full, stopped, resumed, epoch)
 
     def later(records: Records) -> dict[int, list[tuple[Any, ...]]]:
         kept = ("epoch", "batch", "ids", "aug")
@@ -502,12 +498,17 @@ def ordered_mismatches(outcome: Outcome) -> list[str]:
         padding = (rest[len(rest) - own :] * global_batch)[: -len(rest) % global_batch]
         if not expected or trained != expected + padding:
             problems.append(f"epoch {epoch}: trained {trained}, not {expected} + padding {padding}")
-        augmented = augmentation_by_id(full, epoch=epoch)
-        for sample, values in augmentation_by_id(stopped, resumed, epoch=epoch).items():
-            if any(value != augmented[sample][0] for value in values):
-                problems.append(f"epoch {epoch}: sample {sample} augmented {values}, not {augmented[sample][0]}")
-                break
+        problems += _augmentation_mismatch(full, stopped, resumed, epoch)
     return problems
+
+
+def _augmentation_mismatch(reference: Records, stopped: Records, resumed: Records, epoch: int) -> list[str]:
+    """The first sample of ``epoch`` the stopped or resumed run augmented otherwise than ``reference`` did, if any."""
+    augmented = augmentation_by_id(reference, epoch=epoch)
+    for sample, values in augmentation_by_id(stopped, resumed, epoch=epoch).items():
+        if any(value != augmented[sample][0] for value in values):
+            return [f"epoch {epoch}: sample {sample} augmented {values}, not {augmented[sample][0]}"]
+    return []
 
 
 def _epoch_items(records: Records, epoch: int, scenario: Scenario) -> list[Any]:
@@ -719,7 +720,7 @@ def draw_library_case(seed: int) -> Scenario:
             scenario = replace(scenario, resume_batch_size=moved.choice((2, 6, 8)))
         # ... its dataset declaring the first launch's layout as its order (salted; CI's seeds keep theirs).
         if random.Random(seed * 104729 + 5513).random() < 0.5 and seed not in LIBRARY_SEEDS:
-            scenario = replace(scenario, stream_order=(scenario.world_size, scenario.num_workers, scenario.batch_size))
+            scenario = scenario.declaring_its_order()
     # Mosaic's loader with another batch size, on the same or another world size (salted apart; CI's seeds keep theirs).
     regrouped = random.Random(seed * 104729 + 5506)
     if data == "mosaic" and seed not in (*MIXTURE_KEPT_AFTER, *LIBRARY_SEEDS) and regrouped.random() < 0.4:
@@ -966,8 +967,7 @@ def draw_preemption(seed: int) -> tuple[Scenario, Preemption]:
             preemption = replace(preemption, resumed_on=layout)
             # ... its stream declaring the first launch's layout as its order (salted; not for CI's seeds before).
             if random.Random(seed * 104729 + 5511).random() < 0.5 and seed not in ORDER_AFTER:
-                first = (scenario.world_size, scenario.num_workers, scenario.batch_size)
-                scenario = replace(scenario, stream_order=first)
+                scenario = scenario.declaring_its_order()
     return scenario, preemption
 
 
@@ -986,9 +986,7 @@ def draw_library_preemption(seed: int) -> tuple[Scenario, Preemption]:
             preemption = replace(preemption, resumed_on=layout)
             declares = random.Random(seed * 104729 + 5514).random() < 0.5 and scenario.data == "litdata"
             if declares and seed not in LIBRARY_PREEMPTION_SEEDS:  # LitData's dataset declaring its first order
-                scenario = replace(
-                    scenario, stream_order=(scenario.world_size, scenario.num_workers, scenario.batch_size)
-                )
+                scenario = scenario.declaring_its_order()
     return scenario, preemption
 
 
