@@ -267,3 +267,28 @@ def test_a_combined_dataset_that_declares_an_order_is_refused_saying_why(chunks:
     single.resumable_stream_order = (2, 0)
     with pytest.raises(UnsupportedLoaderError, match=r"give \(world_size, num_workers, batch_size\)"):
         make_litdata_resumable(litdata.StreamingDataLoader(single, batch_size=4), seed=3, epoch_source=lambda: 0)
+
+
+def test_an_order_declared_at_a_requeue_on_the_same_layout_ends_the_epoch_in_its_own_and_reads_on_in_the_declared(
+    chunks: Path,
+) -> None:
+    """A run begun declaring nothing, requeued on the same layout (1 x 0 x 4) declaring another's (1 x 2 x 4): the
+    interrupted epoch's rest is the run's own order (the state says so), each epoch after it the declared layout's,
+    as that layout's own loader reads it."""
+    epoch = [0]
+    own = read(iter(loader(chunks, 0, epoch)), BATCHES)
+    saving = loader(chunks, 0, epoch)
+    read(iter(saving), 4)  # three trained, the next read ahead
+    stream = train.litdata_stream(chunks)
+    stream.resumable_stream_order = (1, 2, 4)
+    declaring = make_litdata_resumable(
+        litdata.StreamingDataLoader(stream, batch_size=4), seed=3, epoch_source=lambda: epoch[0]
+    )
+    declaring.resume_from(saving.state_after(3), 3)
+    assert read(iter(declaring), BATCHES - 3) == own[3:]
+    for each in (1, 2):
+        epoch[0] = each
+        declared = loader(chunks, 2, [each])
+        expected = read(iter(declared), BATCHES)
+        declared.retire_workers()
+        assert read(iter(declaring), BATCHES) == expected != read(iter(loader(chunks, 0, [each])), BATCHES)
