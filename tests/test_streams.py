@@ -177,24 +177,27 @@ def epoch_batches(loader: Any, cell: list[int], epochs: range) -> list[list[list
     return read
 
 
-def test_persistent_workers_read_each_epoch_and_a_restore_as_workers_started_anew() -> None:
+@pytest.mark.parametrize("trained", [3, 1])
+def test_persistent_workers_read_each_epoch_and_a_restore_as_workers_started_anew(trained: int) -> None:
     """``persistent_workers=True`` (Lightning's advice for loaders with workers): the workers keep their copies of
     the stream from pass to pass, yet each pass reads the trainer's epoch, and a restore mid-epoch goes on into the
-    next epochs as a loader whose workers start each pass anew (ids and what each sample drew)."""
+    next epochs as a loader whose workers start each pass anew (ids and what each sample drew). After 1 batch, the
+    second worker had not yielded in the epoch: it was saved with the last pass's count, and its samples resumed
+    under other seeds."""
     cell = [0]
     expected = epoch_batches(epoch_loader(False, cell), cell, range(3))
     persistent = epoch_loader(True, cell)
     assert epoch_batches(persistent, cell, range(3)) == expected
     cell[0] = 1
     cut = iter(persistent)
-    for _ in range(4):  # 3 batches trained, the 4th read ahead
+    for _ in range(trained + 1):  # the next one read ahead
         next(cut)
-    state = persistent.state_after(3)
+    state = persistent.state_after(trained)
     del cut
     persistent.retire_workers()
     resumed = epoch_loader(True, cell)
-    resumed.resume_from(state, 3)
-    assert [batch.tolist() for batch in resumed] == expected[1][3:]
+    resumed.resume_from(state, trained)
+    assert [batch.tolist() for batch in resumed] == expected[1][trained:]
     assert epoch_batches(resumed, cell, range(2, 3)) == expected[2:]
     resumed.retire_workers()
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from lightning_resumable.errors import IncompatibleStateError, StateFormatError, UnsupportedLoaderError
 from lightning_resumable.format.stream_state import STREAM_ORDER_ATTRIBUTE
+from lightning_resumable.readers.recording import FRESH_PASS
 from lightning_resumable.readers.stream_elsewhere import (
     STREAM_ELSEWHERE,
     GlobalSequence,
@@ -53,15 +54,15 @@ def resume_plan(
     if not going_on:
         partitions = []
         for state in states:
+            if FRESH_PASS in state["stream"] or int(state["stream"]["epoch"]) != epoch:  # a worker yet to start it
+                partitions.append(Partition(None))
+                continue
             refusal = source.refusal(state["stream"])
             if refusal is not None:
                 raise IncompatibleStateError(
                     f"{refusal}. Resume on {first.world_size} processes with num_workers={first.num_workers} and"
                     f" batch_size={first.batch_size}"
                 )
-            if int(state["stream"]["epoch"]) != epoch:  # a worker yet to start the epoch
-                partitions.append(Partition(None))
-                continue
             read, batch = int(state["yielded"]), first.batch_size
             whole, partial = divmod(read, batch)
             place = copy.deepcopy(source.place_of(state["stream"]))

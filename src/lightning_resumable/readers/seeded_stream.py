@@ -19,6 +19,7 @@ from lightning_resumable.core import randomness
 from lightning_resumable.format._keys import stream_key, stream_sample_seed
 from lightning_resumable.readers.elsewhere_plan import fresh_plan, sequence_from_state
 from lightning_resumable.readers.hugging_face import read_as_saved
+from lightning_resumable.readers.recording import FRESH_PASS
 from lightning_resumable.readers.stream_elsewhere import (
     STREAM_ELSEWHERE,
     GlobalSequence,
@@ -75,6 +76,7 @@ class SeededStream(IterableDataset[Any]):
         self.partitions, self.order, self.layout = partitions, order, layout
         self._elsewhere: dict[str, Any] | None = None  # an epoch going on in another layout's order: its plan
         self._sequence: GlobalSequence | None = None  # that epoch's global sequence, as this copy reads it
+        self._pending = False  # a pass asked for (its iterator made) whose first item is not read yet
 
     def __getattr__(self, name: str) -> Any:
         if name == "dataset":  # not set yet (unpickling): don't recurse
@@ -105,6 +107,13 @@ class SeededStream(IterableDataset[Any]):
             set_epoch(self.epoch)
 
     def __iter__(self) -> Iterator[Any]:
+        """The pass's items. Made, not begun: torch's and torchdata's workers make it as they start a pass (a kept
+        worker's next pass too) and take the state then, before its first item (`state_dict`: a fresh pass)."""
+        self._pending = True
+        return self._read()
+
+    def _read(self) -> Iterator[Any]:
+        self._pending = False
         worker = get_worker_info()
         if worker is not None:
             self._take_the_epoch()
@@ -174,12 +183,17 @@ class SeededStream(IterableDataset[Any]):
         restored = self._restored if self._restored is not None else self._pass_restored
         if restored is not None:  # restored, not read from yet: a Hugging Face stream would report the
             return copy.deepcopy(restored)  # state it had before the load (it applies one as it reads)
+        if self._pending:  # a pass not begun: the stream and the count are still the last pass's (a kept worker's)
+            return {"stream": {"epoch": self.epoch, FRESH_PASS: True}, "yielded": 0}
         stream = self.dataset.state_dict()  # type: ignore[attr-defined]
         if not _hands_out_copies(self.dataset):  # a stream may hand out what it reads on with (its loader records it)
             stream = copy.deepcopy(stream)
         return {"stream": stream, "yielded": self._yielded}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if FRESH_PASS in state["stream"]:  # saved before its pass began: the pass starts afresh
+            self._restored = None
+            return
         read_as_saved(self.dataset, state["stream"])  # a Hugging Face stream's windows read as the saved run read them
         self.dataset.load_state_dict(state["stream"])  # type: ignore[attr-defined]
         self._restored = copy.deepcopy(dict(state))
