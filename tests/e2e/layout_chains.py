@@ -203,12 +203,15 @@ DECLARED_AFTER = frozenset({2, 10, 643001853})
 """The chains over layouts CI ran before a declared order was drawn (`LITDATA_CHAIN_SEEDS`, `WEB_LAYOUT_CHAIN_SEEDS`,
 `HF_LAYOUT_CHAIN_SEEDS`): they keep theirs."""
 
-WEB_LAYOUT_CHAIN_SEEDS = (2, 643001853)
+WEB_LAYOUT_CHAIN_SEEDS = (2, 643001853, 182497043)
 """The WebDataset chains CI runs (drawn as LitData's: the same layouts and legs' kinds); 2 goes 1 x 2 with 2 workers
 kept -> 1 x 4 with 1 -> 1 x 2 with 2 -> 2 x 8 with 1, stopped in the first epoch and twice in the second (once in a
 validation); 643001853 (a soak's) goes
 1 x 2 -> 2 x 6 with 1 worker, stopped in the epoch's last global batch, -> 2 x 6 again: the padding of that batch,
-taken from the rest's first samples, differed on the second resume and its recorded next batch was refused."""
+taken from the rest's first samples, differed on the second resume and its recorded next batch was refused;
+182497043 (a soak's) goes 1 x 1 with batches of 4, saved at the first epoch's last batch, -> 2 x 2 with batches of 6,
+workers kept, saved after the second epoch's first batch -> 1 x 1: the kept worker that had not yielded in that epoch
+was saved with its last pass's place and count, and the resume was refused."""
 
 HF_LAYOUT_CHAIN_SEEDS = (2, 5)
 """The Hugging Face chains CI runs (drawn as LitData's): 2 goes 1 x 2 with 2 workers kept -> 1 x 4 with 1 -> 1 x 2
