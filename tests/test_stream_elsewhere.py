@@ -213,8 +213,10 @@ def test_a_kept_worker_not_yet_read_from_in_the_epoch_is_saved_as_its_fresh_pass
 ) -> None:
     """Persistent workers, saved after the first batch of an epoch after the first: the worker that has not yielded
     in it yet was saved with the last pass's place and count (torchdata takes a kept worker's state as its pass is
-    made, before its first item). A soak's WebDataset chain (seed 182497043) was refused on another layout, every
-    sample of its first batch other; on the same layout its samples were drawn under other seeds."""
+    made, before its first item). Without the fix the WebDataset case on the same layout fails here (its samples
+    drawn under other seeds); the other three passed without it and guard the same save read elsewhere and for
+    Hugging Face. The soak's chain refused on another layout (seed 182497043, a kept worker whose last pass was an
+    epoch's rest elsewhere) is CI's `WEB_LAYOUT_CHAIN_SEEDS` end to end."""
     urls = [] if form in STREAMS else request.getfixturevalue("urls")
     layout, cell = (1, 2, 4), [0]
     full = global_sequence([list(loader(urls, form, 0, layout))])
