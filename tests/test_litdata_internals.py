@@ -292,3 +292,27 @@ def test_an_order_declared_at_a_requeue_on_the_same_layout_ends_the_epoch_in_its
         expected = read(iter(declared), BATCHES)
         declared.retire_workers()
         assert read(iter(declaring), BATCHES) == expected != read(iter(loader(chunks, 0, [each])), BATCHES)
+
+
+def test_a_run_on_the_declared_layout_over_several_nodes_reads_the_declared_order_not_its_nodes_own(
+    chunks: Path,
+) -> None:
+    """LitData deals chunks by node (its node count: world size over the GPUs a node has), and a declared order is
+    the declared layout's on one node, as any other layout reads it: a run of the declared layout (2 x 0 x 4) on 2
+    nodes reads that order, not LitData's own 2-node one, or a requeue on any other layout would read epochs other
+    than the uninterrupted run's."""
+    from litdata.utilities.env import _DistributedEnv
+
+    def rank_loader(rank: int, nodes: int, declares: bool, epoch: int) -> LitDataLoader:
+        stream = train.litdata_stream(chunks)
+        stream.distributed_env = _DistributedEnv(world_size=2, global_rank=rank, num_nodes=nodes)  # as detected
+        if declares:
+            stream.resumable_stream_order = (2, 0, 4)
+        user = litdata.StreamingDataLoader(stream, batch_size=4)
+        return make_litdata_resumable(user, seed=3, epoch_source=lambda: epoch, rank=rank, world_size=2)
+
+    def epochs(nodes: int, declares: bool) -> list[list[str]]:
+        return [read(iter(rank_loader(rank, nodes, declares, epoch))) for epoch in (0, 1) for rank in (0, 1)]
+
+    on_one_node = epochs(1, False)
+    assert epochs(2, True) == on_one_node != epochs(2, False)  # the nodes' own orders differ (here in epoch 1)

@@ -101,6 +101,12 @@ def _epoch_of(dataset: StreamingDataset) -> int:
     return int(dataset.current_epoch)
 
 
+def _node_count(dataset: Any) -> int:
+    """The nodes LitData deals a ``StreamingDataset``'s chunks to (detected at its construction: the world size over
+    a node's GPUs); a combined dataset declares no order."""
+    return int(dataset.distributed_env.num_nodes) if isinstance(dataset, StreamingDataset) else 1
+
+
 def _index_of(key: Any) -> int:
     return int(key.index) if isinstance(key, ChunkedIndex) else int(key)
 
@@ -125,8 +131,10 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         self._fresh_epoch: int | None = None  # the epoch of a pass that starts afresh
         self.rank, self.world_size = rank, world_size
         self._remainder: Remainder | None = None  # an interrupted epoch's rest (or a declared order's), read here
-        # The layout the dataset declares every fresh epoch read in, where it is another (`declared_order`).
-        self._order = order if order != Layout(world_size, self.num_workers, int(self.batch_size)) else None
+        # The layout the dataset declares every fresh epoch read in (`declared_order`), unless it is this one on one
+        # node: a declared order is the layout's plan on one node, and LitData deals chunks by node.
+        own = order == Layout(world_size, self.num_workers, int(self.batch_size)) and _node_count(self.dataset) == 1
+        self._order = None if own else order
         self._planned: tuple[int, Remainder] | None = None  # the last epoch planned in that order
 
     @property
