@@ -12,6 +12,9 @@ its own seed, the buffer replaced by windows of the same size), the two alternat
 - a WebDataset pipeline (32 tar shards of ``.npy`` rows, ``.shuffle(1000)``, decoded), if installed;
 - LitData's ``StreamingDataLoader`` over a shuffled ``StreamingDataset`` (chunks of 200 rows), if installed.
 
+The last column reads the same loader made with ``seed_samples=False`` (no seeding of the global generators before
+each sample: for a stream that draws nothing from them), in the same rounds: what the seeding costs.
+
 One process, the CPU build of torch, one intra-op thread; workers forked. The chunked LLM mixture against
 LitData's ``CombinedStreamingDataset`` is ``benchmarks/llm_mixture.py``'s table.
 """
@@ -111,8 +114,11 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     print(f"\n{arguments.samples:,} samples of {FEATURES} floats, batches of {BATCH_SIZE}, best of {arguments.rounds}")
-    print("| stream | workers | its own library (samples/s) | through the library (samples/s) | x its own |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| stream | workers | its own library (samples/s) | through the library (samples/s) | x its own"
+        " | x its own, seed_samples=False |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory(prefix="stream_throughput_") as tmp:
         for name, (package, make) in STREAMS.items():
             if importlib.util.find_spec(package) is None:
@@ -121,17 +127,22 @@ def main() -> None:
             for workers in arguments.workers:
                 own = make(arguments.samples, workers, Path(tmp))
                 # restore_globals=False: as the callback builds it by default (seed_steps=True reseeds every step)
-                made = make(arguments.samples, workers, Path(tmp))
-                resumable = make_resumable(made, seed=1, num_replicas=1, rank=0, restore_globals=False)
-                best = {"own": 0.0, "library": 0.0}
+                readers = {"own": own}
+                for which, seeded in (("library", True), ("unseeded", False)):
+                    made = make(arguments.samples, workers, Path(tmp))
+                    options = {"seed": 1, "num_replicas": 1, "rank": 0, "restore_globals": False}
+                    readers[which] = make_resumable(made, seed_samples=seeded, **options)
+                best = dict.fromkeys(readers, 0.0)
                 for _ in range(arguments.rounds):
-                    for which, loader in (("own", own), ("library", resumable)):
+                    for which, loader in readers.items():
                         rate, samples = samples_per_second(loader)
                         assert samples == arguments.samples, f"{name}: {which} read {samples} samples"
                         best[which] = max(best[which], rate)
-                ratio = best["library"] / best["own"]
+                ratio, unseeded = best["library"] / best["own"], best["unseeded"] / best["own"]
                 print(
-                    f"| {name} | {workers} | {best['own']:,.0f} | {best['library']:,.0f} | {ratio:.2f}x |", flush=True
+                    f"| {name} | {workers} | {best['own']:,.0f} | {best['library']:,.0f} | {ratio:.2f}x"
+                    f" | {unseeded:.2f}x |",
+                    flush=True,
                 )
 
 
