@@ -316,3 +316,26 @@ def test_a_run_on_the_declared_layout_over_several_nodes_reads_the_declared_orde
 
     on_one_node = epochs(1, False)
     assert epochs(2, True) == on_one_node != epochs(2, False)  # the nodes' own orders differ (here in epoch 1)
+
+
+@pytest.mark.parametrize("workers", [0, 1], ids=["no workers", "a spawned worker"])
+@pytest.mark.parametrize("seed_samples", [True, False])
+def test_seed_samples_decides_whether_a_sample_draws_under_its_own_seed(
+    chunks: Path, seed_samples: bool, workers: int
+) -> None:
+    """The callback's ``seed_samples`` reaches LitData's loader (it was seeded either way): ``False`` leaves torch's,
+    Python's and NumPy's global generators as they stand, so a sample's draws follow them (here the main process's,
+    or those torch gives a worker from it); ``True`` draws under the sample's own seed, whatever they were. A worker
+    that was not forked unpickles the dataset seeded again with the same setting."""
+    from lightning_resumable.readers.build import make_resumable
+
+    def batches(global_seed: int) -> list[str]:
+        seed_everything(global_seed, verbose=False)
+        context = {"multiprocessing_context": "spawn"} if workers else {}
+        user = litdata.StreamingDataLoader(train.litdata_stream(chunks), batch_size=4, num_workers=workers, **context)
+        made = make_resumable(user, seed=3, num_replicas=1, rank=0, seed_samples=seed_samples)
+        found = read(iter(made), 3)
+        made.retire_workers()  # type: ignore[attr-defined]  # a LitDataLoader's
+        return found
+
+    assert (batches(1) == batches(2)) is seed_samples

@@ -203,3 +203,17 @@ def test_the_tests_cleaning_of_mosaics_memory_keeps_everything_of_a_live_prefix(
     finally:
         for path in (live_block, live_lock, left_block, left_lock):
             path.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("seed_samples", [True, False])
+def test_seed_samples_decides_whether_a_sample_draws_under_its_own_seed(shards: Path, seed_samples: bool) -> None:
+    """The callback's ``seed_samples`` reaches Mosaic's loader (it was seeded either way): ``False`` leaves the global
+    generators as they stand, so a sample's draws follow them; ``True`` draws under the sample's own seed."""
+    import torch
+
+    def batches(global_seed: int) -> list[list[Any]]:
+        torch.manual_seed(global_seed)
+        user = streaming.StreamingDataLoader(train.mosaic_stream(shards, 4), batch_size=4)
+        return pass_of(iter(make_resumable(user, seed=3, num_replicas=1, rank=0, seed_samples=seed_samples)), 3)
+
+    assert (batches(1) == batches(2)) is seed_samples

@@ -41,8 +41,6 @@ from lightning_resumable.format._keys import (
     after_step_seed,
     explicit_generator_seed,
     step_seed,
-    stream_key,
-    stream_sample_seed,
 )
 
 __all__ = [
@@ -309,42 +307,3 @@ class SampleSeededDataset(Dataset[T_co], Generic[T_co]):
             seed_generators(seed, python, numpy)
             self.held.reseed(self.dataset, seed)
         return self.dataset[index]
-
-
-def seed_each_sample(
-    dataset: Any, seed: int, epoch_of: Callable[[Any], int], index_of: Callable[[Any], int], stream: int = 0
-) -> None:
-    """Make a data library's ``dataset`` read each sample under its own seed, keyed by (``seed``, its
-    epoch, ``stream``: the dataset's place among those a loader combines, the sample's index in the
-    dataset): its class becomes a subclass of its own whose ``__getitem__`` wraps the user's.
-    ``epoch_of(dataset)`` and ``index_of(key)`` read the library's epoch and ``__getitem__``'s key
-    (module-level functions: a spawned worker unpickles them).
-
-    The global generators are not put back here: without workers, the library's loader puts the main
-    process's back after each batch.
-    """
-    base, held = type(dataset), HeldGenerators()
-
-    def __getitem__(self: Any, key: Any) -> Any:  # the dunder of the subclass
-        try:
-            sample_seed = stream_sample_seed(stream_key(seed, epoch_of(self), stream, 0), index_of(key))
-            begin_sample(sample_seed, True)
-            held.reseed(self, sample_seed)
-            return base.__getitem__(self, key)
-        finally:
-            end_sample()
-
-    def __reduce__(self: Any) -> tuple[Any, ...]:  # a spawned worker gets the user's class, seeded again
-        plain = object.__new__(base)
-        plain.__dict__.update(self.__dict__)
-        return _seeded_again, (plain, seed, epoch_of, index_of, stream)
-
-    members = {"__getitem__": __getitem__, "__reduce__": __reduce__, "__module__": base.__module__}
-    dataset.__class__ = type(base.__name__, (base,), members)
-
-
-def _seeded_again(
-    dataset: Any, seed: int, epoch_of: Callable[[Any], int], index_of: Callable[[Any], int], stream: int
-) -> Any:
-    seed_each_sample(dataset, seed, epoch_of, index_of, stream)
-    return dataset

@@ -52,6 +52,16 @@ class BuildOptions:
     restore_globals: bool = True
     epoch_source: Callable[[], int] = lambda: 0
 
+    def library_loader_keywords(self) -> dict[str, Any]:
+        """The keywords of a data library's ``make_*_resumable`` (LitData's, Mosaic's)."""
+        return {
+            "seed": self.seed,
+            "epoch_source": self.epoch_source,
+            "rank": self.rank,
+            "world_size": self.num_replicas,
+            "seed_samples": self.seed_samples,
+        }
+
 
 class StreamReader:
     """The base of a stream's loader, which a `lightning_resumable.lightning.stream_owner.StreamOwner` owns.

@@ -30,8 +30,8 @@ from litdata.streaming.sampler import ChunkedIndex
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_resumable.core import randomness
 from lightning_resumable.core.chunks import DEFAULT_WINDOW
+from lightning_resumable.core.seeded_library_dataset import seed_each_sample
 from lightning_resumable.errors import UnsupportedLoaderError
 from lightning_resumable.format.envelope import StreamState
 from lightning_resumable.internals._litdata import copy_of_loader_state
@@ -86,9 +86,7 @@ def build(loader: Any, options: BuildOptions) -> Built:
         # Keyed by the run's seed, as every loader the library builds: a resume restores the run's seed from
         # the data state, which seeds each step too (the combined dataset's own seed is LitData's, 42 by default).
         return mixture_reader.build(DataLoader(mixture, **settings), options, False)
-    made = make_litdata_resumable(
-        loader, seed=options.seed, epoch_source=options.epoch_source, rank=options.rank, world_size=options.num_replicas
-    )
+    made = make_litdata_resumable(loader, **options.library_loader_keywords())
     return Built(made, made)
 
 
@@ -279,11 +277,18 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
 
 
 def make_litdata_resumable(
-    loader: Any, *, seed: int, epoch_source: Callable[[], int], rank: int = 0, world_size: int = 1
+    loader: Any,
+    *,
+    seed: int,
+    epoch_source: Callable[[], int],
+    rank: int = 0,
+    world_size: int = 1,
+    seed_samples: bool = True,
 ) -> LitDataLoader:
     """``loader`` (LitData's ``StreamingDataLoader``, or a torch ``DataLoader`` or ``StatefulDataLoader``,
     over a ``StreamingDataset`` or a ``CombinedStreamingDataset`` of them) as a `LitDataLoader`: a torch
     loader cannot hand LitData's dataset the counts its ``state_dict`` needs; LitData's loader can.
+    ``seed_samples``: the global generators are seeded before each sample (`BuildOptions`).
 
     Raises:
         UnsupportedLoaderError: the dataset is a ``ParallelStreamingDataset`` (or another), or a
@@ -315,7 +320,7 @@ def make_litdata_resumable(
             + mixture_to_write(names, weights, loader, shuffle=any(each.shuffle for each in datasets))
         )
     for stream, each in enumerate(datasets):  # a combined dataset's samples share their indices
-        randomness.seed_each_sample(each, seed, _epoch_of, _index_of, stream)
+        seed_each_sample(each, seed, _epoch_of, _index_of, stream, seed_samples)
     collate_fn = loader.collate_fn.collate_fn if own else loader.collate_fn  # LitData's wraps the user's
     settings = forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn)
     order = declared_order(loader, dataset, "a CombinedStreamingDataset's order is its own" if combined else None)

@@ -40,7 +40,7 @@ from streaming import StreamingDataLoader, StreamingDataset
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lightning_resumable.core import randomness
+from lightning_resumable.core.seeded_library_dataset import seed_each_sample
 from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoaderError
 from lightning_resumable.format.envelope import StreamState
 from lightning_resumable.readers.base import BuildOptions, Built, StreamReader
@@ -68,9 +68,7 @@ def recognises(loader: object) -> bool:
 
 
 def build(loader: Any, options: BuildOptions) -> Built:
-    made = make_mosaic_resumable(
-        loader, seed=options.seed, epoch_source=options.epoch_source, rank=options.rank, world_size=options.num_replicas
-    )
+    made = make_mosaic_resumable(loader, **options.library_loader_keywords())
     return Built(made, made)
 
 
@@ -215,10 +213,17 @@ def order_of(dataset: StreamingDataset) -> dict[str, Any]:
 
 
 def make_mosaic_resumable(
-    loader: Any, *, seed: int, epoch_source: Callable[[], int], rank: int, world_size: int
+    loader: Any,
+    *,
+    seed: int,
+    epoch_source: Callable[[], int],
+    rank: int,
+    world_size: int,
+    seed_samples: bool = True,
 ) -> MosaicLoader:
     """``loader`` (Mosaic's ``StreamingDataLoader``, or a torch ``DataLoader`` or ``StatefulDataLoader``,
-    over a ``StreamingDataset``) as a `MosaicLoader` on ``rank`` of ``world_size``.
+    over a ``StreamingDataset``) as a `MosaicLoader` on ``rank`` of ``world_size``; ``seed_samples``: the global
+    generators are seeded before each sample (`BuildOptions`).
 
     Raises:
         UnsupportedLoaderError: the dataset is not a ``StreamingDataset``; it saw another world than the
@@ -245,6 +250,6 @@ def make_mosaic_resumable(
             f" batch_size={loader.batch_size}: Mosaic partitions each epoch by the dataset's batch size, so"
             f" a resume is exact only when both are the same; pass batch_size={loader.batch_size} to the dataset"
         )
-    randomness.seed_each_sample(dataset, seed, _epoch_of, int)
+    seed_each_sample(dataset, seed, _epoch_of, int, seed_globals=seed_samples)
     settings = forwarded_settings(loader, (*DATA_LIBRARY_SETTINGS, "drop_last"))
     return MosaicLoader(dataset, epoch_source=epoch_source, world_size=world_size, **settings)
