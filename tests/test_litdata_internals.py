@@ -339,3 +339,21 @@ def test_seed_samples_decides_whether_a_sample_draws_under_its_own_seed(
         return found
 
     assert (batches(1) == batches(2)) is seed_samples
+
+
+@pytest.mark.parametrize("restore_globals", [True, False])
+def test_restore_globals_decides_whether_the_generators_are_put_back_after_a_batch_read_here(
+    chunks: Path, restore_globals: bool
+) -> None:
+    """Without workers, the global generators are put back after each batch only if asked: the callback does not ask
+    when it reseeds every step (``seed_steps``), and putting Python's back costs tens of µs a batch."""
+    import torch
+
+    from lightning_resumable.readers.build import make_resumable
+
+    user = litdata.StreamingDataLoader(train.litdata_stream(chunks), batch_size=4)
+    made = make_resumable(user, seed=3, num_replicas=1, rank=0, restore_globals=restore_globals)
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    read(iter(made), 2)
+    assert torch.equal(torch.get_rng_state(), before) is restore_globals

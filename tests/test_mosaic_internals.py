@@ -217,3 +217,19 @@ def test_seed_samples_decides_whether_a_sample_draws_under_its_own_seed(shards: 
         return pass_of(iter(make_resumable(user, seed=3, num_replicas=1, rank=0, seed_samples=seed_samples)), 3)
 
     assert (batches(1) == batches(2)) is seed_samples
+
+
+@pytest.mark.parametrize("restore_globals", [True, False])
+def test_restore_globals_decides_whether_the_generators_are_put_back_after_a_batch_read_here(
+    shards: Path, restore_globals: bool
+) -> None:
+    """Without workers, the global generators are put back after each batch only if asked (the callback does not ask
+    when it reseeds every step)."""
+    import torch
+
+    user = streaming.StreamingDataLoader(train.mosaic_stream(shards, 4), batch_size=4)
+    made = make_resumable(user, seed=3, num_replicas=1, rank=0, restore_globals=restore_globals)
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    pass_of(iter(made), 2)
+    assert torch.equal(torch.get_rng_state(), before) is restore_globals

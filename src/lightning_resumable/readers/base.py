@@ -60,6 +60,7 @@ class BuildOptions:
             "rank": self.rank,
             "world_size": self.num_replicas,
             "seed_samples": self.seed_samples,
+            "restore_globals": self.restore_globals,
         }
 
 
@@ -78,6 +79,9 @@ class StreamReader:
     """The reader's library, as messages name it."""
     state_dict = None
     load_state_dict = None
+    puts_back_globals = True
+    """A data library's reader without workers puts the global generators back after each batch it reads (its samples
+    seeded and `BuildOptions`' ``restore_globals``)."""
     record: PassRecord
     epoch_source: Callable[[], int]
     dataset: Any

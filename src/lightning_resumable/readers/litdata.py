@@ -210,7 +210,7 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
             self.current_epoch = epoch
         warn_once_on_affected_python(self)
         # Without workers the samples (and their seeds) are read in this process, in next().
-        return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0)
+        return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0 and self.puts_back_globals)
 
     def _read_remainder(self, remainder: Remainder, fresh: int | None = None) -> Iterator[Any]:
         """The interrupted epoch's rest on this layout (or the ``fresh`` epoch, its pass begun, in a declared order),
@@ -227,7 +227,7 @@ class LitDataLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type
         loader = DataLoader(samples, **settings)
         warn_once_on_affected_python(loader)
         iterator = self.make_iterator(lambda: iter(loader))
-        return self.record.record(iterator, restore_globals=self.num_workers == 0)
+        return self.record.record(iterator, restore_globals=self.num_workers == 0 and self.puts_back_globals)
 
     def _state(self) -> dict[str, Any]:
         if self._remainder is not None:
@@ -284,11 +284,13 @@ def make_litdata_resumable(
     rank: int = 0,
     world_size: int = 1,
     seed_samples: bool = True,
+    restore_globals: bool = True,
 ) -> LitDataLoader:
     """``loader`` (LitData's ``StreamingDataLoader``, or a torch ``DataLoader`` or ``StatefulDataLoader``,
     over a ``StreamingDataset`` or a ``CombinedStreamingDataset`` of them) as a `LitDataLoader`: a torch
     loader cannot hand LitData's dataset the counts its ``state_dict`` needs; LitData's loader can.
-    ``seed_samples``: the global generators are seeded before each sample (`BuildOptions`).
+    ``seed_samples``, ``restore_globals``: `BuildOptions`' (each sample seeded; without workers, the generators put back
+    after each batch).
 
     Raises:
         UnsupportedLoaderError: the dataset is a ``ParallelStreamingDataset`` (or another), or a
@@ -324,4 +326,6 @@ def make_litdata_resumable(
     collate_fn = loader.collate_fn.collate_fn if own else loader.collate_fn  # LitData's wraps the user's
     settings = forwarded_settings(loader, DATA_LIBRARY_SETTINGS, collate_fn=collate_fn)
     order = declared_order(loader, dataset, "a CombinedStreamingDataset's order is its own" if combined else None)
-    return LitDataLoader(dataset, epoch_source=epoch_source, rank=rank, world_size=world_size, order=order, **settings)
+    made = LitDataLoader(dataset, epoch_source=epoch_source, rank=rank, world_size=world_size, order=order, **settings)
+    made.puts_back_globals = seed_samples and restore_globals
+    return made

@@ -128,7 +128,7 @@ class MosaicLoader(ForkingEachPass, StreamReader, StreamingDataLoader):  # type:
         StreamingDataset.load_state_dict(dataset, state)
         warn_once_on_affected_python(self)
         # Without workers the samples (and their seeds) are read in this process, in next().
-        return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0)
+        return self.record.record(super().__iter__(), restore_globals=self.num_workers == 0 and self.puts_back_globals)
 
     def state_after(self, batches: int) -> dict[str, Any]:
         """Mosaic's state after ``batches`` batches of the current epoch on every rank: the same on all."""
@@ -220,10 +220,12 @@ def make_mosaic_resumable(
     rank: int,
     world_size: int,
     seed_samples: bool = True,
+    restore_globals: bool = True,
 ) -> MosaicLoader:
     """``loader`` (Mosaic's ``StreamingDataLoader``, or a torch ``DataLoader`` or ``StatefulDataLoader``,
-    over a ``StreamingDataset``) as a `MosaicLoader` on ``rank`` of ``world_size``; ``seed_samples``: the global
-    generators are seeded before each sample (`BuildOptions`).
+    over a ``StreamingDataset``) as a `MosaicLoader` on ``rank`` of ``world_size``; ``seed_samples``,
+    ``restore_globals``: `BuildOptions`' (each sample seeded; without workers, the generators put back after each
+    batch).
 
     Raises:
         UnsupportedLoaderError: the dataset is not a ``StreamingDataset``; it saw another world than the
@@ -252,4 +254,6 @@ def make_mosaic_resumable(
         )
     seed_each_sample(dataset, seed, _epoch_of, int, seed_globals=seed_samples)
     settings = forwarded_settings(loader, (*DATA_LIBRARY_SETTINGS, "drop_last"))
-    return MosaicLoader(dataset, epoch_source=epoch_source, world_size=world_size, **settings)
+    made = MosaicLoader(dataset, epoch_source=epoch_source, world_size=world_size, **settings)
+    made.puts_back_globals = seed_samples and restore_globals
+    return made
