@@ -37,10 +37,16 @@ def seed_each_sample(
     process's back after each batch.
     """
     base, held = type(dataset), HeldGenerators()
+    last = [(-1, 0)]  # the last epoch read and its key (4 of a sample's 5 SplitMix64 steps), one tuple: read whole
 
     def __getitem__(self: Any, key: Any) -> Any:  # the dunder of the subclass
         try:
-            sample_seed = stream_sample_seed(stream_key(seed, epoch_of(self), stream, 0), index_of(key))
+            epoch, epoch_key = last[0]
+            if epoch != epoch_of(self):
+                epoch = epoch_of(self)
+                epoch_key = stream_key(seed, epoch, stream, 0)
+                last[0] = epoch, epoch_key
+            sample_seed = stream_sample_seed(epoch_key, index_of(key))
             begin_sample(sample_seed, seed_globals)
             if seed_globals:
                 held.reseed(self, sample_seed)
