@@ -204,6 +204,20 @@ def test_a_streams_save_from_an_errors_exception_path_on_two_processes_is_refuse
     assert read_records(root, "leg1", 2) == {0: [], 1: []}, "a step trained before the refusal"
 
 
+def test_a_stream_not_seeded_per_sample_whose_samples_draw_is_refused_at_the_resume_saying_why(
+    runner: Runner,
+) -> None:
+    """``seed_samples=False`` over a stream whose samples draw from the global generators (the test's augmentation
+    draws from torch's, Python's and NumPy's): its worker's generators after the resume are not the uninterrupted
+    run's, so the first batch differs, and a stream's batch cannot be fetched again under a seed to tell why. The
+    resume is refused before any step, the message naming the setting and what repeats (``sample_rng()``)."""
+    scenario = Scenario(world_size=2, num_workers=1, data="stream", callback_options=(("seed_samples", False),))
+    assert runner.resumed(scenario, expect_failure=True) == {0: [], 1: []}, "a step trained before the refusal"
+    log = (runner.root / scenario.label() / "resume-on-2-attempt1.log").read_text()
+    assert "ResumeVerificationError" in log and "The callback has seed_samples=False" in log, log[-3000:]
+    assert "sample_rng()" in log, log[-3000:]
+
+
 HF_ELSEWHERE = [
     Scenario(world_size=2, num_workers=2, data="hf", shuffle_buffer=8, resume_world_size=1, resume_num_workers=0),
     Scenario(

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_resumable.core.global_batch import check_first_global_batch
 from lightning_resumable.core.resume_start import DataPlace, Start, resume_start
 from lightning_resumable.core.verification import all_gather_objects, check_first_stream_batches, digest_of
-from lightning_resumable.errors import IncompatibleStateError, SkipError
+from lightning_resumable.errors import IncompatibleStateError, ResumeVerificationError, SkipError
 from lightning_resumable.format.envelope import GLOBAL_POSITION_ATTRIBUTE, StreamState, Unresumable
 from lightning_resumable.format.skips import Hole, Skip, StepRange
 from lightning_resumable.internals._torchdata import torchdata_version
@@ -34,6 +34,12 @@ STREAM_OFF_PATH = (
     " from a checkpoint written during training (ModelCheckpoint)"
 )
 
+UNSEEDED = (
+    "The callback has seed_samples=False: a stream whose samples draw from torch's, Python's or NumPy's global"
+    " generator reads other values after a resume, which this check cannot tell from other samples. Draw them from"
+    " lightning_resumable.sample_rng() (the same after a resume), or pass ResumableDataCallback(seed_samples=True)"
+)
+
 
 class StreamOwner(Owner[StreamState]):
     """A stream: an ``IterableDataset`` with state, read through a `StreamLoader` (or a data library's
@@ -41,9 +47,10 @@ class StreamOwner(Owner[StreamState]):
 
     state_type = StreamState
 
-    def __init__(self, loader: StreamReader, rank: int, world_size: int) -> None:
+    def __init__(self, loader: StreamReader, rank: int, world_size: int, seeded: bool = True) -> None:
         check_contract(loader, owned=(loader.dataset,))
         self.loader, self.rank, self.world_size = loader, rank, world_size
+        self.seeded = seeded  # each sample read under its own seed (the callback's seed_samples)
         self.resumes_at: DataPlace | None = None  # where the restored stream stopped
         self.verifying: tuple[int, int] | None = None  # (epoch, batches) whose next batch is verified
         self.verifying_samples: list[list[str]] | None = None  # the saving ranks' next samples, on another layout
@@ -181,6 +188,14 @@ class StreamOwner(Owner[StreamState]):
         return place.batches if start is Start.AT_POSITION else 0
 
     def check_first_batch(self) -> None:
+        try:
+            self._check_first_batch()
+        except ResumeVerificationError as error:
+            if self.seeded:
+                raise
+            raise ResumeVerificationError(f"{error}. {UNSEEDED}") from None
+
+    def _check_first_batch(self) -> None:
         if self.verifying is None:
             return
         (epoch, batches), self.verifying = self.verifying, None

@@ -75,7 +75,7 @@ def build_train_input(
         one = built(returned, seed)
         refuse_unpicklable(one.loader, "the train loader")
         if one.stream is not None:
-            return StreamOwner(one.stream, trainer.global_rank, trainer.world_size), one.loader
+            return StreamOwner(one.stream, trainer.global_rank, trainer.world_size, seed_samples), one.loader
         if one.mixture is not None:
             return MixtureOwner(one.loader), one.loader
         return LoaderOwner(one.loader), one.loader
