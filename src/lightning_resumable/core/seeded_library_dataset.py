@@ -34,7 +34,7 @@ def seed_each_sample(
     the sample's seed (the callback's ``seed_samples``); `sample_rng` answers either way.
 
     The global generators are not put back here: without workers, the library's loader puts the main
-    process's back after each batch.
+    process's back after each batch when asked (`BuildOptions`' ``restore_globals``).
     """
     base, held = type(dataset), HeldGenerators()
     last = [(-1, 0)]  # the last epoch read and its key (4 of a sample's 5 SplitMix64 steps), one tuple: read whole
