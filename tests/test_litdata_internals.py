@@ -318,8 +318,9 @@ def test_a_run_on_the_declared_layout_over_several_nodes_reads_the_declared_orde
     assert epochs(2, True) == on_one_node != epochs(2, False)  # the nodes' own orders differ (here in epoch 1)
 
 
-@pytest.mark.parametrize("workers", [0, 1], ids=["no workers", "a spawned worker"])
-@pytest.mark.parametrize("seed_samples", [True, False])
+@pytest.mark.parametrize(
+    ("seed_samples", "workers"), [(True, 0), (False, 0), (False, 1)], ids=["seeded", "not", "not, a spawned worker"]
+)
 def test_seed_samples_decides_whether_a_sample_draws_under_its_own_seed(
     chunks: Path, seed_samples: bool, workers: int
 ) -> None:
