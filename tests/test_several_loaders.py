@@ -59,6 +59,23 @@ def test_other_keys_or_another_mode_are_refused(tmp_path: Path) -> None:
         trainer(tmp_path, [ResumableDataCallback()]).fit(Model(), Several(mode="min_size"), ckpt_path=path)
 
 
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        ("max_size_cycle", "the shorter loaders would restart at other steps"),
+        ("min_size", "would end at another sample of the others"),
+        ("max_size", "not built for several loaders"),
+    ],
+)
+def test_another_batch_size_is_refused_saying_why_it_would_not_be_exact(tmp_path: Path, mode: str, why: str) -> None:
+    path = checkpoint(tmp_path, Several(mode=mode))
+    with pytest.raises(
+        IncompatibleStateError, match=r"other batch sizes per process \('a': 2 -> 3, 'b': 2 -> 3\)"
+    ) as refusal:
+        trainer(tmp_path, [ResumableDataCallback()]).fit(Model(), Several(mode=mode, batch_size=3), ckpt_path=path)
+    assert why in str(refusal.value)
+
+
 def test_a_checkpoint_of_one_loader_is_refused_for_several_and_the_reverse(tmp_path: Path) -> None:
     single = checkpoint(tmp_path / "single", Data())
     with pytest.raises(IncompatibleStateError, match="holds the state of one map-style train loader"):

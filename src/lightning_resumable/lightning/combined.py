@@ -14,11 +14,11 @@ from typing import Any
 
 from lightning.pytorch.utilities import CombinedLoader
 
-from lightning_resumable.errors import UnsupportedLoaderError
+from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoaderError
 from lightning_resumable.format._keys import loader_seed
 from lightning_resumable.internals._lightning import combined_loader_mode
 
-__all__ = ["MODES", "TrainLoaders", "key_seed", "loader_position", "split_train_loaders"]
+__all__ = ["MODES", "TrainLoaders", "key_seed", "loader_position", "refuse_other_batch_sizes", "split_train_loaders"]
 
 MODES = ("max_size_cycle", "max_size", "min_size")
 """The ``CombinedLoader`` modes Lightning trains with (``sequential`` is refused by Lightning itself)."""
@@ -42,6 +42,29 @@ def loader_position(mode: str, batches: int, length: int) -> tuple[int, int]:
     if mode == "max_size_cycle" and length > 0:
         return divmod(batches, length)
     return 0, min(batches, length)
+
+
+_PAIRED_BY_STEP = {
+    "max_size_cycle": "restarts a shorter loader whenever it runs out, so in batches of another size the shorter"
+    " loaders would restart at other steps and the epoch would end at another sample of them",
+    "min_size": "ends the epoch when the shortest loader runs out, so in batches of another size it would end at"
+    " another sample of the others",
+    "max_size": "reads every loader whole, where another size could be exact, but it is not built for several"
+    " loaders (their counts, skips and verification are one loader's or a mixture's only)",
+}
+
+
+def refuse_other_batch_sizes(mode: str, saved: Mapping[str, int], now: Mapping[str, int]) -> None:
+    """Raise where a loader's batch size (``saved``, by key) is not the one it has ``now``, saying why it would not
+    be exact: the loaders' batches are paired step by step and the mode decides where the epoch ends."""
+    changed = {key: (size, now[key]) for key, size in saved.items() if size != now[key]}
+    if changed:
+        sizes = ", ".join(f"{key!r}: {old} -> {new}" for key, (old, new) in sorted(changed.items()))
+        raise IncompatibleStateError(
+            f"the checkpoint's train loaders read other batch sizes per process ({sizes}). Lightning pairs several"
+            f" loaders' batches step by step, and CombinedLoader(mode={mode!r}) {_PAIRED_BY_STEP[mode]}. Resume with"
+            " the checkpoint's batch sizes; one train loader or a Mixture goes on with another batch size"
+        )
 
 
 def split_train_loaders(train_loaders: object) -> TrainLoaders | None:

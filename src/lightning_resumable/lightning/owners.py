@@ -39,7 +39,7 @@ from lightning_resumable.format.envelope import (
 )
 from lightning_resumable.format.skips import Hole, Skip, StepRange, holes_of
 from lightning_resumable.format.state import DataState
-from lightning_resumable.lightning.combined import loader_position
+from lightning_resumable.lightning.combined import loader_position, refuse_other_batch_sizes
 from lightning_resumable.lightning.progress import SavePoint
 from lightning_resumable.lightning.sampled_loader import SampledLoader
 from lightning_resumable.lightning.world_size import WorldSizePolicy
@@ -192,9 +192,7 @@ class LoaderOwner(Owner[LoaderState]):
     def sampler(self) -> ResumableSampler:
         return self.owned.sampler
 
-    @property
-    def first_sampler(self) -> ResumableSampler:
-        return self.owned.sampler
+    first_sampler = sampler
 
     def restore(self, saved: LoaderState, epoch: int, verify: bool, world_size_policy: WorldSizePolicy) -> None:
         world_size, batch_size = self.sampler.num_replicas, self.sampler.batch_size
@@ -293,6 +291,8 @@ class LoadersOwner(Owner[LoadersState]):
                 f"the checkpoint holds train loaders {sorted(saved.loaders)} in {saved.mode} mode; now they are"
                 f" {sorted(self.owned)} in {self.mode} mode"
             )
+        sizes = {key: saved.loaders[key].state.batch_size for key in self.owned}
+        refuse_other_batch_sizes(self.mode, sizes, {key: each.sampler.batch_size for key, each in self.owned.items()})
         for key in sorted(self.owned):
             state = saved.loaders[key].state
             world_size_policy(state.world_size, self.owned[key].sampler.num_replicas, SEVERAL_SAME_SIZE, _where(state))
