@@ -144,13 +144,19 @@ def ids(size: int, offset: int) -> TensorDataset:
 
 
 class Several(ResumableDataModule, L.LightningDataModule):
-    def __init__(self, keys: tuple[str, str] = ("a", "b"), mode: str = "max_size_cycle", batch_size: int = 2) -> None:
+    def __init__(
+        self,
+        keys: tuple[str, str] = ("a", "b"),
+        mode: str = "max_size_cycle",
+        batch_size: int = 2,
+        num_workers: int = 0,
+    ) -> None:
         super().__init__()
-        self.keys, self.mode, self.batch_size = keys, mode, batch_size
+        self.keys, self.mode, self.batch_size, self.num_workers = keys, mode, batch_size, num_workers
 
     def train_dataloader(self) -> Any:
         long, short = (
-            DataLoader(ids(size, offset), batch_size=self.batch_size, shuffle=True)
+            DataLoader(ids(size, offset), batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers)
             for size, offset in ((12, 0), (5, 100))
         )
         return CombinedLoader({self.keys[0]: long, self.keys[1]: short}, self.mode)  # type: ignore[arg-type]

@@ -76,6 +76,26 @@ def test_another_batch_size_is_refused_saying_why_it_would_not_be_exact(tmp_path
     assert why in str(refusal.value)
 
 
+@pytest.mark.parametrize("mode", ["max_size", "min_size"])
+def test_loaders_built_again_every_epoch_with_workers_read_each_epoch_as_loaders_built_once(
+    tmp_path: Path, mode: str
+) -> None:
+    """Lightning's reload makes an iterator it never reads, then the one it trains from; the first's 2 workers
+    prefetch the short loader's whole pass (3 batches). That pass is read again, not taken as read: the short loader
+    yielded nothing after the first epoch, and ``min_size`` ended every later epoch before its first step."""
+    runs = []
+    for reload in (0, 1):
+        L.seed_everything(11)
+        model = Model()
+        fit = trainer(
+            tmp_path / str(reload), [ResumableDataCallback()], max_epochs=3, reload_dataloaders_every_n_epochs=reload
+        )
+        fit.fit(model, Several(mode=mode, num_workers=2))
+        runs.append(model.seen)
+    assert len(runs[0]) == 3 * {"max_size": 6, "min_size": 3}[mode]
+    assert runs[1] == runs[0]
+
+
 def test_a_checkpoint_of_one_loader_is_refused_for_several_and_the_reverse(tmp_path: Path) -> None:
     single = checkpoint(tmp_path / "single", Data())
     with pytest.raises(IncompatibleStateError, match="holds the state of one map-style train loader"):

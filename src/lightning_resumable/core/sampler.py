@@ -62,8 +62,8 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         sample_keys: yield ``(index, sample seed)`` pairs, the seed derived from ``(seed, epoch, global
             position)``, for a `SampleSeededDataset` to fetch each sample under its own seed.
         drop_last_batch: the loader's ``drop_last``, recorded so that a resume with another is refused.
-        passes: what a pass after a complete one yields: ``"repeat"`` the epoch's order again (as torch's),
-            ``"cycle"`` the next cycle (keyed by ``(seed, epoch, cycle)``, for ``max_size_cycle``), ``"once"`` nothing.
+        passes: what a pass after a complete one yields: ``"repeat"`` the epoch's order again (as torch's), ``"cycle"``
+            the next cycle (keyed by ``(seed, epoch, cycle)``), ``"once"`` nothing (after one begun mid-epoch).
 
     A restore (`load_state_dict`) applies to the next pass only; a state saved after the epoch's last sample restores
     to an empty pass (the epoch's rest), or in a ``StatefulDataLoader`` run out, the next (`core.passes`).
@@ -108,8 +108,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
             )
         self.sample_keys = sample_keys
         self.holes: tuple[Hole, ...] = ()  # the stretches skipped steps took out of the stream (`core.skips`)
-        # Where the current (or next) iteration's stream starts: 0 for a fresh pass, the restored
-        # global position (and the trainer's batch count at that position) after load_state_dict.
+        # Where the current (or next) pass's stream starts: 0 fresh, else the restored position and its batch count
         self._origin_position, self._origin_batches, self._origin_is_restored = 0, 0, False
         # Where this world size took over the epoch's stream: the origin after a restore on another world
         # size, else the saved anchor ((None, None): not recorded), else the stream's start.
@@ -151,7 +150,7 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
 
     def _start_fresh_pass(self) -> None:
         self._origin_position, self._origin_batches, self._origin_is_restored, self._anchor = 0, 0, False, (0, 0)
-        self._restored_at_start = False  # the pass was restored at its epoch's start (`_chunks`)
+        self._from_start = True  # the pass begins at its epoch's start (fresh, or restored there: `_chunks`)
 
     # -------------------------------------------------------------------------------- iteration
     @property
@@ -186,14 +185,15 @@ class ResumableSampler(DeprecatedSpellings, DistributedSampler[Any]):
         if self._origin_is_restored and self._restored_pass not in (None, number):
             # torchdata dropped the pass it restored (the saved iterator had run out): this pass follows it
             self._start_fresh_pass()
-            self._pass_complete = True
+            self._pass_complete, self._from_start = True, False
         if self._origin_is_restored:
             # This pass starts at the restored position (a complete epoch's: its empty rest, as torchdata's
             # StatefulDistributedSampler yields, so a loop that saves after every step trains nothing twice).
-            at_start = self._origin_position == self._origin_batches == 0  # Lightning's reload iterates twice:
-            self._origin_is_restored, self._restored_at_start = False, at_start  # the next pass reads it again
+            at_start = self._origin_position == self._origin_batches == 0
+            self._origin_is_restored, self._from_start = False, at_start
         elif self._pass_complete:
-            if self.passes == "once" and not self._restored_at_start:
+            # Lightning's reload makes an iterator it never reads, then another: a pass begun at the start is read again
+            if self.passes == "once" and not self._from_start:
                 return  # read once this epoch
             self._next_pass()  # a restart within the epoch
         else:
