@@ -96,6 +96,22 @@ def test_loaders_built_again_every_epoch_with_workers_read_each_epoch_as_loaders
     assert runs[1] == runs[0]
 
 
+def test_a_loader_whose_cycle_a_reload_prefetches_whole_in_max_size_cycle_mode_is_refused(tmp_path: Path) -> None:
+    """Its sampler would take the pass the reload's unread iterator prefetched as read: each reloaded epoch would
+    begin at the next cycle, a resume there at the first. Refused before any step; without the reload, or with
+    more batches than the workers prefetch, it trains."""
+    reloading = trainer(tmp_path, [ResumableDataCallback()], max_epochs=2, reload_dataloaders_every_n_epochs=1)
+    with pytest.raises(UnsupportedLoaderError, match=r"'b' has 3 batches per process, which its 2 workers prefetch"):
+        reloading.fit(Model(), Several(mode="max_size_cycle", num_workers=2))
+    assert reloading.global_step == 0
+    trainer(tmp_path, [ResumableDataCallback()], max_epochs=2).fit(
+        Model(), Several(mode="max_size_cycle", num_workers=2)
+    )
+    fewer = trainer(tmp_path, [ResumableDataCallback()], max_epochs=2, reload_dataloaders_every_n_epochs=1)
+    fewer.fit(Model(), Several(mode="max_size_cycle", num_workers=1, batch_size=1))  # 5 batches, 2 prefetched
+    assert fewer.global_step == 2 * 12
+
+
 def test_a_checkpoint_of_one_loader_is_refused_for_several_and_the_reverse(tmp_path: Path) -> None:
     single = checkpoint(tmp_path / "single", Data())
     with pytest.raises(IncompatibleStateError, match="holds the state of one map-style train loader"):

@@ -18,7 +18,15 @@ from lightning_resumable.errors import IncompatibleStateError, UnsupportedLoader
 from lightning_resumable.format._keys import loader_seed
 from lightning_resumable.internals._lightning import combined_loader_mode
 
-__all__ = ["MODES", "TrainLoaders", "key_seed", "loader_position", "refuse_other_batch_sizes", "split_train_loaders"]
+__all__ = [
+    "MODES",
+    "TrainLoaders",
+    "key_seed",
+    "loader_position",
+    "refuse_cycles_a_reload_prefetches",
+    "refuse_other_batch_sizes",
+    "split_train_loaders",
+]
 
 MODES = ("max_size_cycle", "max_size", "min_size")
 """The ``CombinedLoader`` modes Lightning trains with (``sequential`` is refused by Lightning itself)."""
@@ -65,6 +73,29 @@ def refuse_other_batch_sizes(mode: str, saved: Mapping[str, int], now: Mapping[s
             f" loaders' batches step by step, and CombinedLoader(mode={mode!r}) {_PAIRED_BY_STEP[mode]}. Resume with"
             " the checkpoint's batch sizes; one train loader or a Mixture goes on with another batch size"
         )
+
+
+def refuse_cycles_a_reload_prefetches(loaders: Mapping[str, Any], mode: str, reload_every: int) -> None:
+    """Raise where Lightning's reload would start a shorter loader's epoch at another cycle than a resume there does.
+
+    A reload makes an iterator Lightning never reads, then the one it trains from; where the first one's workers
+    prefetch a loader's whole pass (no more batches per process than ``num_workers * prefetch_factor``), its sampler
+    takes that pass as read and ``max_size_cycle`` begins the epoch at its next cycle, which a resume at or after the
+    epoch's start does not (it makes one iterator). Not yet told apart from a pass read; refused, never inexact.
+    """
+    if mode != "max_size_cycle" or reload_every <= 0:
+        return
+    for key, loader in sorted(loaders.items()):
+        prefetched = loader.num_workers * (loader.prefetch_factor or 0)
+        if loader.num_workers and len(loader) <= prefetched:
+            raise UnsupportedLoaderError(
+                f"the train loader {key!r} has {len(loader)} batches per process, which its {loader.num_workers}"
+                f" workers prefetch whole ({prefetched} batches ahead): with reload_dataloaders_every_n_epochs="
+                f"{reload_every}, Lightning makes an iterator it never reads, then another, and in max_size_cycle mode"
+                " the loader would begin each reloaded epoch at its next cycle, a resume there at its first: not"
+                " exact. Pass reload_dataloaders_every_n_epochs=0, or give the loader more batches than num_workers"
+                " * prefetch_factor (fewer workers, a smaller prefetch_factor or batch_size), or use max_size mode"
+            )
 
 
 def split_train_loaders(train_loaders: object) -> TrainLoaders | None:

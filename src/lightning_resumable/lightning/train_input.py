@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from lightning_resumable.core.batches import ResumableBatchSampler
 from lightning_resumable.core.mixture import Mixture
 from lightning_resumable.errors import UnsupportedLoaderError
-from lightning_resumable.lightning.combined import key_seed, split_train_loaders
+from lightning_resumable.lightning.combined import key_seed, refuse_cycles_a_reload_prefetches, split_train_loaders
 from lightning_resumable.lightning.mixture_owner import MixtureOwner
 from lightning_resumable.lightning.owners import LoaderOwner, LoadersOwner
 from lightning_resumable.lightning.stream_owner import StreamOwner
@@ -85,6 +85,8 @@ def build_train_input(
     rebuilt = {key: built(each, key_seed(seed, key)).loader for key, each in loaders.items()}
     for key, each in rebuilt.items():
         refuse_unpicklable(each, f"train loader {key!r}")
+    reload_every = getattr(trainer, "reload_dataloaders_every_n_epochs", 0)  # the Trainer argument, set at its init
+    refuse_cycles_a_reload_prefetches(rebuilt, mode, reload_every)
     return LoadersOwner(rebuilt, mode, seed), rebuild(rebuilt)
 
 
